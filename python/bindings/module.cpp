@@ -1,0 +1,11 @@
+// The spindle._core extension: only calls the per-area registration functions.
+#include <pybind11/pybind11.h>
+
+#include "register.hpp"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "spindle's C++ runtime (private; use the spindle package).";
+  spindle::python::register_errors(m);
+  spindle::python::register_budget(m);
+  spindle::python::register_loader(m);
+}

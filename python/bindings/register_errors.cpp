@@ -1,0 +1,38 @@
+// Maps the runtime's exceptions onto the Python classes in spindle/errors.py.
+#include <spindle/error.hpp>
+
+#include "register.hpp"
+
+namespace py = pybind11;
+
+namespace spindle::python {
+
+void register_errors(py::module_& m) {
+  // Looked up once and kept for the life of the interpreter.
+  py::module_ errors = py::module_::import("spindle.errors");
+  static PyObject* budget = py::object(errors.attr("ThreadBudgetError")).release().ptr();
+  static PyObject* shm = py::object(errors.attr("SharedMemoryError")).release().ptr();
+  static PyObject* died = py::object(errors.attr("WorkerDiedError")).release().ptr();
+  static PyObject* timeout = py::object(errors.attr("LoaderTimeoutError")).release().ptr();
+  static PyObject* failed = py::object(errors.attr("BatchFailedError")).release().ptr();
+  (void)m;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ThreadBudgetError& e) {
+      PyErr_SetString(budget, e.what());
+    } catch (const SharedMemoryError& e) {
+      PyErr_SetString(shm, e.what());
+    } catch (const WorkerDiedError& e) {
+      PyErr_SetString(died, e.what());
+    } catch (const LoaderTimeoutError& e) {
+      PyErr_SetString(timeout, e.what());
+    } catch (const BatchFailedError& e) {
+      py::object inst = py::reinterpret_borrow<py::object>(failed)(
+          e.what(), e.worker_id, e.pid, e.batch_id, py::bytes(e.payload));
+      PyErr_SetObject(failed, inst.ptr());
+    }
+  });
+}
+
+}  // namespace spindle::python

@@ -1,0 +1,125 @@
+// Loader (consumer side), Lease (a delivered batch) and WorkerContext (the
+// worker side). Lambdas here convert types and release the GIL, nothing else.
+#include <Python.h>
+#include <pybind11/stl.h>
+
+#include <spindle/loader.hpp>
+
+#include "register.hpp"
+
+namespace py = pybind11;
+
+namespace spindle::python {
+namespace {
+
+// The interpreter's own fork protocol: takes the import lock and the GIL's
+// internals around fork and re-initializes threading state in the child,
+// exactly as os.fork() does.
+ForkHooks interpreter_fork_hooks() {
+  return ForkHooks{[] { PyOS_BeforeFork(); }, [] { PyOS_AfterFork_Parent(); },
+                   [] { PyOS_AfterFork_Child(); }};
+}
+
+WorkerMain python_worker_main(py::function fn) {
+  return [fn = std::move(fn)](WorkerContext& ctx) -> int {
+    // Runs in the forked child, which holds the GIL: fork happened while
+    // the constructing thread held it.
+    try {
+      py::object rc = fn(py::cast(&ctx, py::return_value_policy::reference));
+      return rc.is_none() ? 0 : rc.cast<int>();
+    } catch (py::error_already_set& e) {
+      e.restore();
+      PyErr_Print();
+      return 1;
+    }
+  };
+}
+
+}  // namespace
+
+void register_loader(py::module_& m) {
+  py::class_<Batch>(m, "Lease", py::buffer_protocol(),
+                    "A delivered batch: its bytes stay valid, and its ring slot reserved, while this "
+                    "object or any buffer made from it lives.")
+      .def_buffer([](Batch& b) {
+        return py::buffer_info(b.data().data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.data().size())}, {1}, /*readonly=*/false);
+      })
+      .def_property_readonly("batch_id", &Batch::batch_id)
+      .def_property_readonly("count", [](const Batch& b) { return b.indices().size(); })
+      .def_property_readonly("indices",
+                             [](const Batch& b) { return std::vector<int64_t>(b.indices().begin(), b.indices().end()); })
+      .def_property_readonly("copied_out", &Batch::copied_out);
+
+  py::class_<WorkItem>(m, "WorkItem")
+      .def_readonly("slot", &WorkItem::slot)
+      .def_readonly("batch_id", &WorkItem::batch_id)
+      .def_property_readonly("count", [](const WorkItem& w) { return w.indices.size(); });
+
+  py::class_<WorkerContext>(m, "WorkerContext")
+      .def_property_readonly("worker_id", &WorkerContext::worker_id)
+      .def_property_readonly("num_workers", &WorkerContext::num_workers)
+      .def("claim", &WorkerContext::claim, py::call_guard<py::gil_scoped_release>())
+      .def("set_sample", &WorkerContext::set_sample, py::arg("index"))
+      .def("commit", &WorkerContext::commit, py::arg("item"))
+      .def("fail",
+           [](WorkerContext& ctx, const WorkItem& item, py::bytes report) {
+             ctx.fail(item, std::string_view(report));
+           },
+           py::arg("item"), py::arg("report"))
+      .def("memory",
+           [](WorkerContext& ctx) {
+             RingHeader& h = ctx.ring().header();
+             return py::memoryview::from_memory(static_cast<void*>(&h), static_cast<py::ssize_t>(h.total_bytes),
+                                                /*readonly=*/false);
+           },
+           "The whole shared segment, writable.")
+      .def("layout", [](WorkerContext& ctx) -> py::dict {
+        const RingHeader& h = ctx.ring().header();
+        py::dict d;
+        d["indices_offset"] = h.indices_offset;
+        d["payload_offset"] = h.payload_offset;
+        d["slot_stride"] = h.slot_stride;
+        d["slot_bytes"] = h.geometry.slot_bytes;
+        d["batch_capacity"] = h.geometry.batch_capacity;
+        return d;
+      });
+
+  py::class_<Loader>(m, "Loader")
+      .def(py::init([](std::vector<std::vector<int64_t>> batches, py::function worker_main, int num_workers,
+                       uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
+                       double timeout, std::optional<int64_t> max_threads) {
+             LoaderOptions o;
+             o.num_workers = num_workers;
+             o.batch_capacity = batch_capacity;
+             o.slot_bytes = slot_bytes;
+             o.prefetch_factor = prefetch_factor;
+             o.in_order = in_order;
+             o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
+             o.max_threads = max_threads;
+             // The GIL stays held: the fork hooks require it.
+             return new Loader(o, std::move(batches), python_worker_main(std::move(worker_main)),
+                               interpreter_fork_hooks());
+           }),
+           py::kw_only(), py::arg("batches"), py::arg("worker_main"), py::arg("num_workers"),
+           py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
+           py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none())
+      .def("next",
+           [](Loader& l) -> py::object {
+             std::optional<Batch> b;
+             {
+               py::gil_scoped_release release;
+               b = l.next();
+             }
+             if (!b) return py::none();
+             return py::cast(std::move(*b));
+           })
+      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("plan", &Loader::plan)
+      .def_property_readonly("worker_pids", &Loader::worker_pids)
+      .def_property_readonly("num_batches", &Loader::num_batches)
+      .def_property_readonly("num_slots", &Loader::num_slots)
+      .def_property_readonly("copied_out", &Loader::copied_out);
+}
+
+}  // namespace spindle::python

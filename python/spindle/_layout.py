@@ -1,0 +1,145 @@
+"""BatchLayout: how samples of a fixed structure are stored in a ring slot.
+
+A sample is a leaf (numpy array, numpy scalar, bool, int, float) or a nested
+dict / tuple / list / namedtuple of leaves. The layout is taken from one probe
+sample; every later sample must have the same structure, shapes and dtypes.
+
+Slot layout (structure of arrays): for each leaf, in flattening order, one
+C-contiguous block ``[batch_capacity, *leaf.shape]`` of ``leaf.dtype``, each
+block starting on a 64-byte boundary. A batch of ``count`` samples is the first
+``count`` rows of every block, so a short last batch needs no second layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+_ALIGN = 64
+
+
+class SampleStructureError(ValueError):
+    """A sample does not match the structure/shape/dtype of the first sample."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    path: str                 # "['image']", "[1]", "" for a bare leaf
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int               # of the leaf's block in the slot
+    sample_bytes: int
+
+
+def _as_leaf(value: Any, path: str, index: int) -> np.ndarray:
+    if type(value) is np.ndarray:
+        return value
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value)
+    if isinstance(value, bool):
+        return np.asarray(value, dtype=np.bool_)
+    if isinstance(value, int):
+        return np.asarray(value, dtype=np.int64)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=np.float64)
+    raise SampleStructureError(
+        f"sample {index}: field {path or '<sample>'} is a {type(value).__name__}; spindle batches numpy "
+        "arrays, numpy scalars, bool, int and float, nested in dicts, tuples and lists. "
+        "Convert it in __getitem__ (e.g. encode strings as integer ids).")
+
+
+def _flatten(value: Any, path: str, index: int, out: list[tuple[str, np.ndarray]]) -> Any:
+    """Appends the leaves of `value` to `out`; returns its structure."""
+    if isinstance(value, dict):
+        return ("dict", type(value), tuple(
+            (k, _flatten(v, f"{path}[{k!r}]", index, out)) for k, v in value.items()))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return ("namedtuple", type(value), tuple(
+            _flatten(v, f"{path}.{f}", index, out) for f, v in zip(value._fields, value)))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, type(value), tuple(
+            _flatten(v, f"{path}[{i}]", index, out) for i, v in enumerate(value)))
+    out.append((path, _as_leaf(value, path, index)))
+    return None
+
+
+def _rebuild(tree: Any, leaves: Callable[[], Any]) -> Any:
+    if tree is None:
+        return leaves()
+    kind, cls, children = tree
+    if kind == "dict":
+        return cls((k, _rebuild(c, leaves)) for k, c in children)
+    if kind == "namedtuple":
+        return cls(*(_rebuild(c, leaves) for c in children))
+    return cls(_rebuild(c, leaves) for c in children)
+
+
+class BatchLayout:
+    """Writes samples into a slot (worker side) and views a slot as a batch (consumer side)."""
+
+    def __init__(self, probe: Any, probe_index: int, batch_capacity: int) -> None:
+        flat: list[tuple[str, np.ndarray]] = []
+        self.tree = _flatten(probe, "", probe_index, flat)
+        self.probe_index = probe_index
+        self.batch_capacity = batch_capacity
+        leaves = []
+        offset = 0
+        for path, arr in flat:
+            nbytes = arr.dtype.itemsize * int(np.prod(arr.shape, dtype=np.int64))
+            leaves.append(Leaf(path, arr.dtype, arr.shape, offset, nbytes))
+            offset += -(-nbytes * batch_capacity // _ALIGN) * _ALIGN
+        self.leaves = tuple(leaves)
+        self.slot_bytes = max(offset, 1)
+        self._bare = self.tree is None
+
+    # ---------------------------------------------------------------- views
+    def views(self, buffer: Any) -> list[np.ndarray]:
+        """Full-capacity arrays, one per leaf, over `buffer` (a slot's bytes)."""
+        raw = np.frombuffer(buffer, dtype=np.uint8, count=self.slot_bytes)
+        return [raw[leaf.offset: leaf.offset + leaf.sample_bytes * self.batch_capacity]
+                .view(leaf.dtype).reshape((self.batch_capacity,) + leaf.shape)
+                for leaf in self.leaves]
+
+    def allocate(self) -> list[np.ndarray]:
+        """Private (non-shared) arrays for an in-process batch."""
+        return [np.empty((self.batch_capacity,) + leaf.shape, leaf.dtype) for leaf in self.leaves]
+
+    def unpack(self, arrays: list[np.ndarray], count: int) -> Any:
+        """The user-facing batch: the first `count` rows, in the sample's structure."""
+        it = iter(arrays)
+        return _rebuild(self.tree, lambda: next(it)[:count])
+
+    # ---------------------------------------------------------------- writing
+    def write(self, arrays: list[np.ndarray], row: int, sample: Any, index: int) -> None:
+        """Copies `sample` (dataset index `index`) into row `row` of `arrays`."""
+        if self._bare:
+            self._put(arrays[0], self.leaves[0], row, _as_leaf(sample, "", index), index)
+            return
+        flat: list[tuple[str, np.ndarray]] = []
+        tree = _flatten(sample, "", index, flat)
+        if tree != self.tree:
+            raise SampleStructureError(
+                f"sample {index} has structure {_describe(tree)}, but sample {self.probe_index} had "
+                f"{_describe(self.tree)}; every sample must have the same keys and nesting.")
+        for dst, leaf, (_, value) in zip(arrays, self.leaves, flat):
+            self._put(dst, leaf, row, value, index)
+
+    def _put(self, dst: np.ndarray, leaf: Leaf, row: int, value: np.ndarray, index: int) -> None:
+        if value.shape != leaf.shape or value.dtype != leaf.dtype:
+            raise SampleStructureError(
+                f"sample {index}: field {leaf.path or '<sample>'} has shape {value.shape} and dtype "
+                f"{value.dtype}, but sample {self.probe_index} had shape {leaf.shape} and dtype "
+                f"{leaf.dtype}. spindle batches fixed-shape samples: pad, crop or cast them in "
+                "__getitem__.")
+        dst[row] = value
+
+
+def _describe(tree: Any) -> str:
+    if tree is None:
+        return "leaf"
+    kind, _, children = tree
+    if kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {_describe(c)}" for k, c in children) + "}"
+    return f"{kind}(" + ", ".join(_describe(c) for c in children) + ")"

@@ -1,0 +1,209 @@
+"""spindle.DataLoader: batches of numpy arrays over shared memory.
+
+Workers are forked processes with one thread each; batches are written by the
+workers straight into a shared ring slot and handed to you as numpy views of
+that slot, with no pickling and no copy. A slot stays reserved while any array
+of its batch is alive, so kept batches are never overwritten.
+"""
+
+from __future__ import annotations
+
+import numbers
+import pickle
+import warnings
+from functools import partial
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from . import _core
+from ._layout import BatchLayout
+from ._worker import run_worker, seed_worker
+from .errors import BatchFailedError, WorkerError
+
+__all__ = ["DataLoader"]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} should be an integer >= {minimum}, but got {name}={value!r}")
+    return int(value)
+
+
+class DataLoader:
+    """Iterates a map-style dataset in batches, produced by forked workers.
+
+    Args:
+        dataset: supports ``len(dataset)`` and ``dataset[i]``; items are numpy
+            arrays, numpy scalars, bool/int/float, or nested dicts, tuples,
+            lists and namedtuples of them, with the same shapes and dtypes for
+            every item.
+        batch_size: samples per batch.
+        shuffle: draw a new permutation every epoch.
+        num_workers: worker processes; 0 loads in the calling process.
+        seed: makes shuffling and the workers' ``random``/``numpy`` seeds
+            reproducible (epoch ``e`` uses ``(seed, e)``); None draws fresh
+            entropy per epoch.
+        timeout: seconds to wait for one batch before raising
+            :class:`~spindle.errors.LoaderTimeoutError`; 0 waits forever.
+        drop_last: drop the last batch if it is short.
+        prefetch_factor: batches in flight per worker.
+        in_order: deliver batches in order; False delivers them as they finish.
+        max_threads: cap on the tasks (processes + threads) the loader adds,
+            on top of ulimit -u and the cgroup's pids.max.
+        worker_init_fn: called with the worker id in each worker before it
+            loads anything.
+
+    Batches are numpy arrays viewing shared memory; they are writable and stay
+    valid for as long as you keep them, even after the loader is gone.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
+                 seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
+                 prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
+                 worker_init_fn: Optional[Callable[[int], None]] = None) -> None:
+        self.dataset = dataset
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.num_workers = _check_int("num_workers", num_workers, 0)
+        self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
+        if timeout < 0:
+            raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
+        if max_threads is not None:
+            max_threads = _check_int("max_threads", max_threads, 0)
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.timeout = float(timeout)
+        self.drop_last = bool(drop_last)
+        self.in_order = bool(in_order)
+        self.max_threads = max_threads
+        self.worker_init_fn = worker_init_fn
+        self._epoch = 0
+        self._layout: Optional[BatchLayout] = None
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _epoch_batches(self) -> tuple[list[list[int]], int]:
+        n = len(self.dataset)
+        epoch = self._epoch
+        self._epoch += 1
+        entropy = [self.seed, epoch] if self.seed is not None else None
+        rng = np.random.default_rng(entropy)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        stop = n - n % self.batch_size if self.drop_last else n
+        batches = [order[i:i + self.batch_size].tolist() for i in range(0, stop, self.batch_size)]
+        worker_seed = int(rng.integers(0, 2**62))
+        return batches, worker_seed
+
+    def _layout_for(self, first_index: int) -> BatchLayout:
+        if self._layout is None:
+            # One sample read in the calling process fixes the slot layout.
+            probe = self.dataset[first_index]
+            self._layout = BatchLayout(probe, first_index, self.batch_size)
+        return self._layout
+
+    def __iter__(self) -> Iterator[Any]:
+        batches, worker_seed = self._epoch_batches()
+        if not batches:
+            return iter(())
+        layout = self._layout_for(batches[0][0])
+        if self.num_workers == 0:
+            return _InProcessIterator(self, batches, layout, worker_seed)
+        return _WorkerIterator(self, batches, layout, worker_seed)
+
+    def thread_budget(self) -> _core.ThreadBudget:
+        """The budget this loader's workers are checked against, read now."""
+        return _core.ThreadBudget(max_threads=self.max_threads)
+
+
+class _InProcessIterator:
+    """num_workers=0: the same layout and checks, in the calling process."""
+
+    def __init__(self, loader: DataLoader, batches: list[list[int]], layout: BatchLayout, seed: int) -> None:
+        self._dataset = loader.dataset
+        self._batches = iter(batches)
+        self._layout = layout
+        seed_worker(seed)
+
+    def __iter__(self) -> "_InProcessIterator":
+        return self
+
+    def __next__(self) -> Any:
+        indices = next(self._batches)
+        arrays = self._layout.allocate()
+        for row, index in enumerate(indices):
+            self._layout.write(arrays, row, self._dataset[index], index)
+        return self._layout.unpack(arrays, len(indices))
+
+
+class _WorkerIterator:
+    """Owns one runtime Loader (one epoch): its ring and its workers."""
+
+    def __init__(self, loader: DataLoader, batches: list[list[int]], layout: BatchLayout, seed: int) -> None:
+        self._layout = layout
+        self._warned_copy = False
+        self._batches = batches
+        body = partial(run_worker, dataset=loader.dataset, layout=layout, base_seed=seed,
+                       worker_init_fn=loader.worker_init_fn)
+        self._loader = _core.Loader(
+            batches=batches, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
+            batch_capacity=loader.batch_size, slot_bytes=layout.slot_bytes,
+            prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout,
+            max_threads=loader.max_threads)
+
+    def __iter__(self) -> "_WorkerIterator":
+        return self
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._loader.worker_pids)
+
+    def __next__(self) -> Any:
+        try:
+            lease = self._loader.next()
+        except BatchFailedError as failed:
+            raise _reraise(failed, self._batches) from None
+        if lease is None:
+            self.close()
+            raise StopIteration
+        if lease.copied_out and not self._warned_copy:
+            self._warned_copy = True
+            warnings.warn(
+                f"spindle: every one of the {self._loader.num_slots} shared-memory slots is held by a "
+                "batch you kept, so this batch (and later ones while that lasts) was copied out of "
+                "shared memory to keep loading. Drop references to old batches (or copy what you "
+                "keep) to stay zero-copy.", RuntimeWarning, stacklevel=2)
+        return self._layout.unpack(self._layout.views(lease), lease.count)
+
+    def close(self) -> None:
+        """Stops the workers. Batches already delivered stay valid."""
+        self._loader.close()
+
+    def __del__(self) -> None:
+        loader = getattr(self, "_loader", None)
+        if loader is not None:
+            loader.close()
+
+
+def _reraise(failed: BatchFailedError, batches: Sequence[Sequence[int]]) -> BaseException:
+    """Re-creates the worker's exception, with its traceback and sample index as a note."""
+    try:
+        report = pickle.loads(failed.payload)
+    except Exception:
+        return WorkerError(str(failed))
+    where = (f"in spindle worker {report['worker_id']} (pid {report['pid']}) while loading sample index "
+             f"{report['sample_index']} (batch {failed.batch_id})")
+    note = f"Raised {where}. Traceback in the worker:\n{report['traceback']}"
+    exc: Optional[BaseException] = None
+    if report["exception"] is not None:
+        try:
+            exc = pickle.loads(report["exception"])
+        except Exception:
+            exc = None
+    if exc is None:
+        exc = WorkerError(f"{report['type']}: {report['text']} ({where})")
+    exc.add_note(note)
+    exc.sample_index = report["sample_index"]  # type: ignore[attr-defined]
+    exc.worker_id = report["worker_id"]  # type: ignore[attr-defined]
+    return exc

@@ -1,0 +1,131 @@
+#pragma once
+// BatchRing: the loader's shared-memory segment — header, work queue, worker
+// records and a fixed set of batch slots. Consumer and workers both view the
+// same bytes through this class; it owns nothing.
+//
+// Memory layout (offsets computed once by the consumer, stored in the header;
+// every region starts on a 64-byte line, payloads on a 4096-byte page):
+//
+//   RingHeader                      geometry + `completed` futex word
+//   IndexQueue + entries[num_slots] work items: slot numbers (index_queue.hpp)
+//   WorkerRecord[num_workers]       what each worker is doing (for crash reports)
+//   SlotHeader[num_slots]           per-slot state machine and batch metadata
+//   int64 indices[num_slots][batch_capacity]   sample indices of each batch
+//   payload[num_slots][slot_stride]            the batch bytes
+//
+// Slot state machine (one writer per transition, so no CAS is needed):
+//
+//   kFree --consumer posts batch--> kPosted --worker claims--> kFilling
+//   kFilling --worker commit--> kReady    kFilling --worker fail--> kFailed
+//   kReady --consumer delivers--> kLeased --last lease dropped--> kFree
+//   kFailed --consumer raises the error--> kFree
+//
+// A slot is written only by the worker that claimed it, and is handed to a
+// new batch only from kFree, i.e. after the consumer released it: a batch the
+// user keeps can never be overwritten. A worker that dies in kFilling leaves
+// the slot in kFilling; the consumer notices the death (waitpid), reads the
+// worker's record and reports it. No mutex, no allocator: nothing for a dead
+// worker to leave poisoned.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <spindle/index_queue.hpp>
+
+namespace spindle {
+
+enum class SlotState : uint32_t {
+  kFree = 0,     // owned by the consumer, not in use
+  kPosted = 1,   // batch id + indices written, item in the queue
+  kFilling = 2,  // a worker claimed it and is writing the payload
+  kReady = 3,    // payload complete
+  kFailed = 4,   // payload holds an error report of `error_bytes`
+  kLeased = 5,   // delivered; user code holds views of the payload
+};
+
+struct alignas(kCacheLine) SlotHeader {
+  std::atomic<uint32_t> state{0};  // SlotState; see the state machine above
+  int32_t worker = -1;             // written by the claiming worker
+  int64_t batch_id = -1;           // written by the consumer before posting
+  uint32_t count = 0;              // samples in the batch; consumer, before posting
+  uint32_t error_bytes = 0;        // worker, before kFailed
+};
+
+// Written by its worker only; read by the consumer to explain a crash or a
+// timeout. Separate lines: each worker updates its own per sample.
+struct alignas(kCacheLine) WorkerRecord {
+  std::atomic<int32_t> pid{0};
+  std::atomic<int32_t> slot{-1};           // -1: idle
+  std::atomic<int64_t> batch_id{-1};       // -1: idle
+  std::atomic<int64_t> sample_index{-1};   // sample being produced, -1: none
+};
+
+struct RingGeometry {
+  uint32_t num_slots = 0;
+  uint32_t num_workers = 0;
+  uint32_t batch_capacity = 0;  // max samples per batch
+  uint64_t slot_bytes = 0;      // payload bytes per slot
+};
+
+struct RingHeader {
+  static constexpr uint64_t kMagic = 0x31454c444e495053ULL;  // "SPINDLE1"
+  uint64_t magic = kMagic;
+  RingGeometry geometry;
+  uint64_t slot_stride = 0;
+  uint64_t queue_offset = 0, workers_offset = 0, slots_offset = 0;
+  uint64_t indices_offset = 0, payload_offset = 0, total_bytes = 0;
+  // Workers bump it after every kReady/kFailed; the consumer sleeps on it.
+  // Own line: written by all workers, read in the consumer's wait loop.
+  alignas(kCacheLine) std::atomic<uint32_t> completed{0};
+};
+
+class BatchRing {
+ public:
+  static constexpr std::size_t kPayloadAlign = 4096;
+
+  // Bytes a segment needs for this geometry.
+  static std::size_t bytes_for(const RingGeometry& g) noexcept;
+  // Lays out and initializes a ring in `mem` (bytes_for(g) bytes, zeroed).
+  static BatchRing create(std::byte* mem, const RingGeometry& g);
+  // Views an existing ring (a worker's side).
+  explicit BatchRing(std::byte* mem) noexcept : base_(mem) {}
+  BatchRing() = default;
+
+  RingHeader& header() const noexcept { return *reinterpret_cast<RingHeader*>(base_); }
+  const RingGeometry& geometry() const noexcept { return header().geometry; }
+  IndexQueue& queue() const noexcept { return *at<IndexQueue>(header().queue_offset); }
+  WorkerRecord& worker(uint32_t w) const noexcept { return at<WorkerRecord>(header().workers_offset)[w]; }
+  SlotHeader& slot(uint32_t s) const noexcept { return at<SlotHeader>(header().slots_offset)[s]; }
+  SlotState state(uint32_t s) const noexcept {
+    return static_cast<SlotState>(slot(s).state.load(std::memory_order_acquire));
+  }
+  void set_state(uint32_t s, SlotState st) const noexcept {
+    slot(s).state.store(static_cast<uint32_t>(st), std::memory_order_release);
+  }
+  int64_t* indices(uint32_t s) const noexcept {
+    return at<int64_t>(header().indices_offset) + static_cast<std::size_t>(s) * geometry().batch_capacity;
+  }
+  std::byte* payload(uint32_t s) const noexcept {
+    return base_ + header().payload_offset + static_cast<std::size_t>(s) * header().slot_stride;
+  }
+  std::span<std::byte> payload_span(uint32_t s) const noexcept {
+    return {payload(s), static_cast<std::size_t>(geometry().slot_bytes)};
+  }
+  // Worker side: publish a finished (or failed) slot and wake the consumer.
+  void publish(uint32_t s, SlotState st) const noexcept {
+    set_state(s, st);
+    header().completed.fetch_add(1, std::memory_order_release);
+    detail::futex_wake(&header().completed, 1);
+  }
+
+ private:
+  template <class T>
+  T* at(uint64_t off) const noexcept {
+    return reinterpret_cast<T*>(base_ + off);
+  }
+  std::byte* base_ = nullptr;
+};
+
+}  // namespace spindle

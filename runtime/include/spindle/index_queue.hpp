@@ -1,0 +1,100 @@
+#pragma once
+// IndexQueue: the work queue in shared memory. One producer (the consumer
+// process posts work items), many claimers (worker processes).
+//
+// Layout (in the loader's segment, written once by the consumer at creation):
+//   posted   : count of items ever posted. Written only by the consumer
+//              (release) after it wrote the entry; workers sleep on it (futex).
+//   claimed  : count of items ever claimed. Workers advance it by CAS; the
+//              winner of the CAS from c to c+1 owns entry c.
+//   closed   : 0 while running; the consumer sets 1 to make workers exit.
+//   entries  : `capacity` uint32 items; item n lives at entries[n % capacity].
+// Wrap-around rule: the consumer never has more than `capacity` items posted
+// and unclaimed (an item names a ring slot, and there are `capacity` slots), so
+// entry n is always claimed before n + capacity overwrites it. Counters are
+// uint32 and compared by difference, which is exact across wrap-around.
+// No lock: a worker that dies at any point leaves the counters consistent
+// (either it won the CAS and owns the item, or it did not).
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include <spindle/detail/futex.hpp>
+
+namespace spindle {
+
+inline constexpr std::size_t kCacheLine = 64;
+
+class IndexQueue {
+ public:
+  static std::size_t bytes_for(uint32_t capacity) noexcept {
+    return sizeof(IndexQueue) + sizeof(uint32_t) * capacity;
+  }
+
+  // Placement-initializes a queue at `mem` (bytes_for(capacity) bytes).
+  static IndexQueue* create(void* mem, uint32_t capacity) noexcept {
+    auto* q = new (mem) IndexQueue();
+    q->capacity_ = capacity;
+    return q;
+  }
+
+  // Consumer only. Precondition: fewer than capacity items outstanding.
+  void post(uint32_t item) noexcept {
+    uint32_t n = posted_.load(std::memory_order_relaxed);
+    entries()[n % capacity_] = item;
+    posted_.store(n + 1, std::memory_order_release);
+    detail::futex_wake(&posted_, 1);
+  }
+
+  // Any worker. Returns the next item, or nullopt when none is posted.
+  [[nodiscard]] std::optional<uint32_t> try_claim() noexcept {
+    uint32_t c = claimed_.load(std::memory_order_acquire);
+    while (c != posted_.load(std::memory_order_acquire)) {
+      if (claimed_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
+        return entries()[c % capacity_];
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Sleeps until something is posted, the queue closes, or `timeout` passes.
+  void wait(std::chrono::microseconds timeout) noexcept {
+    uint32_t p = posted_.load(std::memory_order_acquire);
+    if (p != claimed_.load(std::memory_order_acquire) || is_closed()) return;
+    detail::futex_wait(&posted_, p, timeout);
+  }
+
+  void close() noexcept {
+    closed_.store(1, std::memory_order_release);
+    // Sleepers wake and see `closed`; a worker that checks just before the
+    // store sleeps at most its poll timeout.
+    detail::futex_wake(&posted_);
+  }
+  bool is_closed() const noexcept { return closed_.load(std::memory_order_acquire) != 0; }
+
+  uint32_t outstanding() const noexcept {
+    return posted_.load(std::memory_order_acquire) - claimed_.load(std::memory_order_acquire);
+  }
+  uint32_t capacity() const noexcept { return capacity_; }
+
+ private:
+  IndexQueue() = default;
+  uint32_t* entries() noexcept { return reinterpret_cast<uint32_t*>(this + 1); }
+
+  // Each counter on its own cache line: workers hammer `claimed_` with CAS,
+  // the consumer writes `posted_`; sharing a line would make every post and
+  // every claim bounce the other's line.
+  alignas(kCacheLine) std::atomic<uint32_t> posted_{0};
+  alignas(kCacheLine) std::atomic<uint32_t> claimed_{0};
+  alignas(kCacheLine) std::atomic<uint32_t> closed_{0};
+  uint32_t capacity_ = 0;
+};
+
+static_assert(sizeof(IndexQueue) % kCacheLine == 0);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+}  // namespace spindle

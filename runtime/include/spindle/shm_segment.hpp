@@ -1,0 +1,40 @@
+#pragma once
+// ShmSegment: one shared-memory mapping, created eagerly and unlinked at once.
+//
+// Lifetime rule: the name exists only between creation and the first mapping
+// (microseconds). Workers are forked after that and inherit the mapping, so no
+// name can outlive the loader, whatever kills it. The one window where a
+// SIGKILL could strand a name is covered by a janitor: every new segment first
+// removes "spindle.<pid>.*" names whose <pid> is no longer alive.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace spindle {
+
+class ShmSegment {
+ public:
+  // Creates a segment of `bytes` in /dev/shm and reserves every page now
+  // (posix_fallocate), so too little /dev/shm fails here with a clear
+  // SharedMemoryError instead of a SIGBUS on first touch later. `what` names
+  // the segment's use in that error.
+  ShmSegment(std::size_t bytes, const std::string& what);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+  // Removes names left by dead owners; returns how many it removed.
+  static int reclaim_stale(const std::string& dir = "/dev/shm");
+  // The prefix every spindle segment name starts with.
+  static constexpr const char* kPrefix = "spindle.";
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace spindle

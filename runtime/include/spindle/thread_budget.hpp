@@ -1,0 +1,86 @@
+#pragma once
+// ThreadBudget: how many more tasks (threads or processes) this loader may
+// create, computed from the limits the kernel will actually enforce.
+//
+// The kernel refuses pthread_create/fork with EAGAIN when either
+//   - the real uid already has RLIMIT_NPROC tasks (all threads of all its
+//     processes count, unless the uid is root or holds CAP_SYS_RESOURCE), or
+//   - the cgroup (or any ancestor) reached pids.max.
+// The budget is the smallest headroom among those, optionally capped by the
+// user. A loader needs one task per worker process; whatever is left (minus a
+// small reserve) may become threads of the one TBB arena in the consumer.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spindle {
+
+// Where the numbers come from. Defaults read the live system; tests point the
+// roots at fake trees and set the limits directly.
+struct BudgetSources {
+  std::string proc_root = "/proc";
+  std::string cgroup_root = "/sys/fs/cgroup";
+  std::optional<uint32_t> uid;           // default: getuid()
+  std::optional<int64_t> nproc_limit;    // default: getrlimit(RLIMIT_NPROC) soft
+  std::optional<bool> nproc_exempt;      // default: uid == 0
+  std::optional<int> cpus;               // default: sched_getaffinity count
+  std::optional<int64_t> user_cap;       // optional cap on tasks the loader adds
+};
+
+// A quantity that may be unlimited.
+inline constexpr int64_t kUnlimited = INT64_MAX;
+
+struct ThreadPlan {
+  int num_workers = 0;     // worker processes, one thread each
+  int arena_threads = 0;   // extra TBB threads in the consumer (0: caller only)
+  int64_t budget = 0;      // the budget the plan was cut from
+};
+
+class ThreadBudget {
+ public:
+  // Tasks kept free for the rest of the consumer process (a logging thread,
+  // a subprocess) when sizing the arena.
+  static constexpr int64_t kReserve = 2;
+
+  explicit ThreadBudget(const BudgetSources& sources = {});
+
+  int64_t nproc_limit() const noexcept { return nproc_limit_; }
+  bool nproc_exempt() const noexcept { return nproc_exempt_; }
+  int64_t uid_tasks() const noexcept { return uid_tasks_; }
+  int64_t nproc_headroom() const noexcept;
+  int64_t cgroup_limit() const noexcept { return cgroup_limit_; }
+  int64_t cgroup_current() const noexcept { return cgroup_current_; }
+  int64_t cgroup_headroom() const noexcept { return cgroup_headroom_; }
+  const std::string& cgroup_path() const noexcept { return cgroup_path_; }
+  int cpus() const noexcept { return cpus_; }
+  int64_t user_cap() const noexcept { return user_cap_; }
+  // min(nproc headroom, cgroup headroom, user cap): tasks the loader may add.
+  int64_t budget() const noexcept;
+
+  // Cuts a plan for `num_workers` workers. Throws ThreadBudgetError, with all
+  // the numbers and what to change, when the workers do not fit.
+  ThreadPlan plan(int num_workers) const;
+
+  // One line with every number, for errors and logs.
+  std::string describe() const;
+
+ private:
+  int64_t nproc_limit_ = kUnlimited;
+  bool nproc_exempt_ = false;
+  int64_t uid_tasks_ = 0;
+  int64_t cgroup_limit_ = kUnlimited;
+  int64_t cgroup_current_ = 0;
+  int64_t cgroup_headroom_ = kUnlimited;
+  std::string cgroup_path_;
+  int cpus_ = 1;
+  int64_t user_cap_ = kUnlimited;
+};
+
+// Sums the "Threads:" of every /proc/<pid>/status whose real uid is `uid`.
+int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid);
+
+// Counts the threads of one process (/proc/<pid>/task entries).
+int count_process_threads(int pid, const std::string& proc_root = "/proc");
+
+}  // namespace spindle

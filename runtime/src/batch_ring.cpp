@@ -1,0 +1,53 @@
+#include <spindle/batch_ring.hpp>
+
+#include <new>
+#include <stdexcept>
+
+#include <spindle/error.hpp>
+
+namespace spindle {
+namespace {
+
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+struct Offsets {
+  uint64_t queue, workers, slots, indices, payload, stride, total;
+};
+
+Offsets offsets_for(const RingGeometry& g) {
+  Offsets o{};
+  o.queue = align_up(sizeof(RingHeader), kCacheLine);
+  o.workers = align_up(o.queue + IndexQueue::bytes_for(g.num_slots), kCacheLine);
+  o.slots = align_up(o.workers + sizeof(WorkerRecord) * g.num_workers, kCacheLine);
+  o.indices = align_up(o.slots + sizeof(SlotHeader) * g.num_slots, kCacheLine);
+  o.payload = align_up(o.indices + sizeof(int64_t) * g.batch_capacity * g.num_slots,
+                       BatchRing::kPayloadAlign);
+  o.stride = align_up(std::max<uint64_t>(g.slot_bytes, 1), BatchRing::kPayloadAlign);
+  o.total = o.payload + o.stride * g.num_slots;
+  return o;
+}
+
+}  // namespace
+
+std::size_t BatchRing::bytes_for(const RingGeometry& g) noexcept { return offsets_for(g).total; }
+
+BatchRing BatchRing::create(std::byte* mem, const RingGeometry& g) {
+  if (g.num_slots == 0 || g.batch_capacity == 0)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a ring needs at least one slot and batch_capacity >= 1");
+  const Offsets o = offsets_for(g);
+  auto* h = new (mem) RingHeader();
+  h->geometry = g;
+  h->slot_stride = o.stride;
+  h->queue_offset = o.queue;
+  h->workers_offset = o.workers;
+  h->slots_offset = o.slots;
+  h->indices_offset = o.indices;
+  h->payload_offset = o.payload;
+  h->total_bytes = o.total;
+  IndexQueue::create(mem + o.queue, g.num_slots);
+  for (uint32_t w = 0; w < g.num_workers; ++w) new (mem + o.workers + w * sizeof(WorkerRecord)) WorkerRecord();
+  for (uint32_t s = 0; s < g.num_slots; ++s) new (mem + o.slots + s * sizeof(SlotHeader)) SlotHeader();
+  return BatchRing(mem);
+}
+
+}  // namespace spindle

@@ -1,0 +1,334 @@
+#include <spindle/loader.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include <spindle/arena.hpp>
+#include <spindle/error.hpp>
+#include <spindle/shm_segment.hpp>
+
+namespace spindle {
+
+struct RingStorage {
+  RingStorage(std::size_t bytes, const std::string& what) : segment(bytes, what) {}
+  ShmSegment segment;
+  BatchRing ring;
+};
+
+namespace {
+
+constexpr auto kSupervisePeriod = std::chrono::milliseconds(50);
+
+std::string preview(std::span<const int64_t> idx) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < idx.size() && i < 4; ++i) s += (i ? ", " : "") + std::to_string(idx[i]);
+  if (idx.size() > 4) s += ", ... " + std::to_string(idx.size()) + " samples";
+  return s + "]";
+}
+
+std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- worker side
+
+WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t consumer)
+    : ring_(ring), worker_id_(worker_id), consumer_(consumer) {}
+
+std::optional<WorkItem> WorkerContext::claim() {
+  IndexQueue& q = ring_.queue();
+  WorkerRecord& rec = ring_.worker(worker_id_);
+  for (;;) {
+    if (q.is_closed()) return std::nullopt;
+    if (auto s = q.try_claim()) {
+      SlotHeader& h = ring_.slot(*s);
+      h.worker = worker_id_;
+      rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
+      rec.sample_index.store(-1, std::memory_order_relaxed);
+      rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
+      ring_.set_state(*s, SlotState::kFilling);
+      return WorkItem{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s)};
+    }
+    if (getppid() != consumer_) return std::nullopt;  // orphaned: the consumer is gone
+    q.wait(std::chrono::milliseconds(100));
+  }
+}
+
+void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
+  ring_.publish(item.slot, st);
+  WorkerRecord& rec = ring_.worker(worker_id_);
+  rec.slot.store(-1, std::memory_order_relaxed);
+  rec.batch_id.store(-1, std::memory_order_relaxed);
+  rec.sample_index.store(-1, std::memory_order_relaxed);
+}
+
+void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
+
+void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
+  const std::size_t n = std::min(report.size(), item.out.size());
+  std::memcpy(item.out.data(), report.data(), n);
+  ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
+  finish(item, SlotState::kFailed);
+}
+
+WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {
+  return [fn = std::move(fn), sample_bytes](WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      int64_t current = -1;
+      try {
+        if (item->indices.size() * sample_bytes > item->out.size())
+          SPINDLE_THROW(std::length_error, "spindle: slot of " + std::to_string(item->out.size()) +
+                                               " bytes cannot hold " + std::to_string(item->indices.size()) +
+                                               " samples of " + std::to_string(sample_bytes) +
+                                               " bytes; raise LoaderOptions::slot_bytes");
+        for (std::size_t i = 0; i < item->indices.size(); ++i) {
+          current = item->indices[i];
+          ctx.set_sample(current);
+          fn(current, item->out.subspan(i * sample_bytes, sample_bytes));
+        }
+        ctx.commit(*item);
+      } catch (const std::exception& e) {
+        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what());
+      }
+    }
+    return 0;
+  };
+}
+
+// ---------------------------------------------------------------- batches
+
+Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move(ring)), slot_(slot) {
+  const BatchRing& r = ring_->ring;
+  const SlotHeader& h = r.slot(slot);
+  batch_id_ = h.batch_id;
+  indices_ = {r.indices(slot), h.count};
+  data_ = r.payload_span(slot);
+}
+
+Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
+
+Batch& Batch::operator=(Batch&& o) noexcept {
+  if (this != &o) {
+    release();
+    ring_ = std::move(o.ring_);
+    slot_ = o.slot_;
+    batch_id_ = o.batch_id_;
+    indices_ = o.indices_;
+    data_ = o.data_;
+    owned_ = std::move(o.owned_);  // moving keeps the buffers, so the spans stay valid
+    owned_indices_ = std::move(o.owned_indices_);
+  }
+  return *this;
+}
+
+Batch::~Batch() { release(); }
+
+void Batch::release() noexcept {
+  if (ring_) ring_->ring.set_state(slot_, SlotState::kFree);
+  ring_.reset();
+}
+
+void Batch::copy_out() {
+  owned_.resize(data_.size());
+  Arena::global().parallel_copy(owned_.data(), data_.data(), data_.size());
+  owned_indices_.assign(indices_.begin(), indices_.end());
+  data_ = owned_;
+  indices_ = owned_indices_;
+  release();
+}
+
+// ---------------------------------------------------------------- consumer side
+
+Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, WorkerMain worker_main,
+               const ForkHooks& hooks)
+    : options_(options), batches_(std::move(batches)) {
+  if (options.num_workers < 1)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
+                                             std::to_string(options.num_workers) + ")");
+  if (options.batch_capacity < 1 || options.slot_bytes < 1)
+    SPINDLE_THROW(std::invalid_argument, "spindle: batch_capacity and slot_bytes must be >= 1");
+  if (options.prefetch_factor < 1)
+    SPINDLE_THROW(std::invalid_argument, "spindle: prefetch_factor must be >= 1 (got " +
+                                             std::to_string(options.prefetch_factor) + ")");
+  for (std::size_t b = 0; b < batches_.size(); ++b)
+    if (batches_[b].empty() || batches_[b].size() > options.batch_capacity)
+      SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(b) + " has " +
+                                               std::to_string(batches_[b].size()) +
+                                               " samples; every batch needs 1.." +
+                                               std::to_string(options.batch_capacity));
+
+  BudgetSources sources = options.budget_sources;
+  if (options.max_threads) sources.user_cap = options.max_threads;
+  plan_ = ThreadBudget(sources).plan(options.num_workers);
+  Arena::global().configure(plan_.arena_threads);
+
+  const auto nw = static_cast<uint32_t>(options.num_workers);
+  const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
+  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, batches_.size())));
+  // Two slots beyond what is in flight: the batch the user is working on and
+  // one more they may keep, before copy-out kicks in.
+  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes};
+  const std::size_t bytes = BatchRing::bytes_for(g);
+  ring_ = std::make_shared<RingStorage>(
+      bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
+  ring_->ring = BatchRing::create(ring_->segment.data(), g);
+
+  const BatchRing ring = ring_->ring;
+  const pid_t consumer = getpid();
+  pool_ = std::make_unique<WorkerPool>(
+      options.num_workers,
+      [&](int w) {
+        ring.worker(w).pid.store(getpid(), std::memory_order_relaxed);
+        WorkerContext ctx(ring, w, consumer);
+        return worker_main(ctx);
+      },
+      hooks);
+  last_check_ = std::chrono::steady_clock::now();
+  post_more();
+}
+
+Loader::~Loader() { close(); }
+
+uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_slots; }
+
+std::vector<pid_t> Loader::worker_pids() const { return pool_ ? pool_->pids() : std::vector<pid_t>{}; }
+
+void Loader::close() noexcept {
+  if (!pool_) return;
+  ring_->ring.queue().close();
+  pool_->shutdown(std::chrono::milliseconds(1000));
+  pool_.reset();
+}
+
+void Loader::post_more() {
+  const BatchRing& r = ring_->ring;
+  const uint32_t n = r.geometry().num_slots;
+  uint32_t s = 0;
+  while (next_post_ < batches_.size() && inflight_.size() < inflight_target_) {
+    while (s < n && r.state(s) != SlotState::kFree) ++s;
+    if (s == n) return;  // every other slot is leased by the user
+    const auto& idx = batches_[next_post_];
+    SlotHeader& h = r.slot(s);
+    h.batch_id = static_cast<int64_t>(next_post_);
+    h.count = static_cast<uint32_t>(idx.size());
+    h.worker = -1;
+    h.error_bytes = 0;
+    std::copy(idx.begin(), idx.end(), r.indices(s));
+    r.set_state(s, SlotState::kPosted);
+    r.queue().post(s);
+    inflight_.push_back(s);
+    ++next_post_;
+  }
+}
+
+std::string Loader::describe_holder(uint32_t slot) const {
+  const BatchRing& r = ring_->ring;
+  if (r.state(slot) == SlotState::kPosted)
+    return "not yet claimed by a worker (all " + std::to_string(options_.num_workers) + " are busy)";
+  const int w = r.slot(slot).worker;
+  if (w < 0 || w >= options_.num_workers) return "in an unknown state";
+  const WorkerRecord& rec = r.worker(static_cast<uint32_t>(w));
+  return "held by worker " + std::to_string(w) + " (pid " + std::to_string(rec.pid.load()) +
+         ") at sample index " + std::to_string(rec.sample_index.load());
+}
+
+void Loader::fail_closed(const std::string& message, bool timeout) {
+  broken_ = message;
+  broken_timeout_ = timeout;
+  close();
+  if (timeout) throw LoaderTimeoutError(message);
+  throw WorkerDiedError(message);
+}
+
+void Loader::check_workers() {
+  auto e = pool_->poll_exit();
+  if (!e) return;
+  const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
+  const int64_t batch = rec.batch_id.load();
+  std::string doing = "while idle";
+  if (batch >= 0) {
+    const int64_t sample = rec.sample_index.load();
+    doing = "while producing batch " + std::to_string(batch) + " " +
+            preview(batches_[static_cast<std::size_t>(batch)]) +
+            (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
+  }
+  fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
+                  e->describe() + " " + doing +
+                  ". The loader is closed; start a new iteration to continue. A signal usually means the "
+                  "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
+              false);
+}
+
+uint32_t Loader::wait_for_delivery() {
+  const BatchRing& r = ring_->ring;
+  if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
+  auto& completed = r.header().completed;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const uint32_t seq = completed.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < inflight_.size(); ++i) {
+      const SlotState st = r.state(inflight_[i]);
+      if (st == SlotState::kReady || st == SlotState::kFailed) {
+        const uint32_t s = inflight_[i];
+        inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+        return s;
+      }
+      if (options_.in_order) break;  // only the oldest batch may be delivered
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ >= kSupervisePeriod) {
+      last_check_ = now;
+      check_workers();
+    }
+    if (options_.timeout.count() > 0 && now - start >= options_.timeout) {
+      const uint32_t s = inflight_.front();
+      const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
+      fail_closed("spindle: no batch arrived within timeout=" + std::to_string(options_.timeout.count()) +
+                      " ms; waiting for batch " + std::to_string(b) + " " + preview(batches_[b]) + ", " +
+                      describe_holder(s) +
+                      ". Raise timeout, or find out why this sample is slow. The loader is closed.",
+                  true);
+    }
+    detail::futex_wait(&completed, seq, kSupervisePeriod);
+  }
+}
+
+std::optional<Batch> Loader::next() {
+  if (!broken_.empty()) {
+    if (broken_timeout_) throw LoaderTimeoutError(broken_);
+    throw WorkerDiedError(broken_);
+  }
+  if (delivered_ == batches_.size()) return std::nullopt;
+  post_more();
+  const uint32_t s = wait_for_delivery();
+  ++delivered_;
+  const BatchRing& r = ring_->ring;
+  SlotHeader& h = r.slot(s);
+  if (r.state(s) == SlotState::kFailed) {
+    std::string payload(reinterpret_cast<const char*>(r.payload(s)), h.error_bytes);
+    const int worker = h.worker;
+    const int pid = worker >= 0 ? r.worker(static_cast<uint32_t>(worker)).pid.load() : 0;
+    const int64_t batch = h.batch_id;
+    r.set_state(s, SlotState::kFree);
+    post_more();
+    throw BatchFailedError("spindle: worker " + std::to_string(worker) + " (pid " + std::to_string(pid) +
+                               ") failed to produce batch " + std::to_string(batch) + ": " + payload,
+                           worker, pid, batch, std::move(payload));
+  }
+  r.set_state(s, SlotState::kLeased);
+  Batch batch(ring_, s);
+  bool pipeline_has_room = false;
+  for (uint32_t i = 0; i < r.geometry().num_slots && !pipeline_has_room; ++i)
+    pipeline_has_room = r.state(i) != SlotState::kLeased;
+  if (!pipeline_has_room) {
+    batch.copy_out();
+    ++copied_out_;
+  }
+  post_more();
+  return batch;
+}
+
+}  // namespace spindle

@@ -1,0 +1,228 @@
+#include <spindle/thread_budget.hpp>
+
+#include <dirent.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <spindle/error.hpp>
+
+namespace spindle {
+namespace {
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "max" -> kUnlimited; a number -> that number; missing/garbage -> nullopt.
+std::optional<int64_t> read_limit(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return std::nullopt;
+  std::string word;
+  std::istringstream(*text) >> word;
+  if (word == "max") return kUnlimited;
+  try {
+    return std::stoll(word);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+std::string fmt(int64_t v) { return v == kUnlimited ? "unlimited" : std::to_string(v); }
+
+struct CgroupPids {
+  int64_t limit = kUnlimited;
+  int64_t current = 0;
+  int64_t headroom = kUnlimited;
+  std::string path;
+};
+
+// Walks from our cgroup up to the root; the tightest level binds. pids.max of
+// an ancestor limits all of its descendants together, so each level's headroom
+// is its own max minus its own current.
+CgroupPids read_cgroup_pids(const std::string& proc_root, const std::string& cgroup_root) {
+  CgroupPids out;
+  auto self = read_file(proc_root + "/self/cgroup");
+  if (!self) return out;
+  std::string base, rel;
+  std::istringstream lines(*self);
+  for (std::string line; std::getline(lines, line);) {
+    auto c1 = line.find(':');
+    auto c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string path = line.substr(c2 + 1);
+    if (line.compare(0, c1, "0") == 0 && controllers.empty()) {
+      if (base.empty()) { base = cgroup_root; rel = path; }        // v2
+    } else {
+      std::istringstream cs(controllers);
+      for (std::string c; std::getline(cs, c, ',');)
+        if (c == "pids") { base = cgroup_root + "/pids"; rel = path; }  // v1 wins
+    }
+  }
+  if (base.empty()) return out;
+  for (std::string p = rel;;) {
+    std::string dir = base + (p == "/" ? "" : p);
+    auto max = read_limit(dir + "/pids.max");
+    auto cur = read_limit(dir + "/pids.current");
+    if (max && cur && *max != kUnlimited) {
+      int64_t room = std::max<int64_t>(0, *max - *cur);
+      if (room < out.headroom) {
+        out = {*max, *cur, room, dir};
+      }
+    }
+    if (p.empty() || p == "/") break;
+    auto slash = p.find_last_of('/');
+    p = slash == 0 ? "/" : p.substr(0, slash);
+  }
+  return out;
+}
+
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// cgroup v2 cpu.max ("quota period" or "max period") of our own cgroup.
+std::optional<int> cgroup_cpu_quota(const std::string& proc_root, const std::string& cgroup_root) {
+  auto self = read_file(proc_root + "/self/cgroup");
+  if (!self) return std::nullopt;
+  std::istringstream lines(*self);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    auto text = read_file(cgroup_root + line.substr(3) + "/cpu.max");
+    if (!text) return std::nullopt;
+    std::string quota;
+    int64_t period = 0;
+    std::istringstream(*text) >> quota >> period;
+    if (quota == "max" || period <= 0) return std::nullopt;
+    try {
+      return std::max<int>(1, static_cast<int>(std::ceil(std::stod(quota) / period)));
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid) {
+  DIR* dir = opendir(proc_root.c_str());
+  if (!dir) return 0;
+  int64_t total = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    auto status = read_file(proc_root + "/" + e->d_name + "/status");
+    if (!status) continue;  // exited while we looked
+    int64_t threads = 0;
+    bool mine = false;
+    std::istringstream lines(*status);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("Uid:", 0) == 0) {
+        uint32_t real = 0;
+        std::istringstream(line.substr(4)) >> real;
+        mine = real == uid;
+      } else if (line.rfind("Threads:", 0) == 0) {
+        std::istringstream(line.substr(8)) >> threads;
+      }
+    }
+    if (mine) total += threads;
+  }
+  closedir(dir);
+  return total;
+}
+
+int count_process_threads(int pid, const std::string& proc_root) {
+  std::string path = proc_root + "/" + std::to_string(pid) + "/task";
+  DIR* dir = opendir(path.c_str());
+  if (!dir) return 0;
+  int n = 0;
+  while (dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  closedir(dir);
+  return n;
+}
+
+ThreadBudget::ThreadBudget(const BudgetSources& s) {
+  uint32_t uid = s.uid.value_or(getuid());
+  if (s.nproc_limit) {
+    nproc_limit_ = *s.nproc_limit;
+  } else {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+      nproc_limit_ = static_cast<int64_t>(rl.rlim_cur);
+  }
+  nproc_exempt_ = s.nproc_exempt.value_or(uid == 0);
+  uid_tasks_ = count_uid_tasks(s.proc_root, uid);
+  auto pids = read_cgroup_pids(s.proc_root, s.cgroup_root);
+  cgroup_limit_ = pids.limit;
+  cgroup_current_ = pids.current;
+  cgroup_headroom_ = pids.headroom;
+  cgroup_path_ = pids.path;
+  cpus_ = s.cpus.value_or(affinity_cpus());
+  if (!s.cpus) {
+    if (auto quota = cgroup_cpu_quota(s.proc_root, s.cgroup_root)) cpus_ = std::min(cpus_, *quota);
+  }
+  if (s.user_cap) {
+    if (*s.user_cap < 0) SPINDLE_THROW(std::invalid_argument, "spindle: max_threads must be >= 0");
+    user_cap_ = *s.user_cap;
+  }
+}
+
+int64_t ThreadBudget::nproc_headroom() const noexcept {
+  if (nproc_exempt_ || nproc_limit_ == kUnlimited) return kUnlimited;
+  return std::max<int64_t>(0, nproc_limit_ - uid_tasks_);
+}
+
+int64_t ThreadBudget::budget() const noexcept {
+  return std::min({nproc_headroom(), cgroup_headroom_, user_cap_});
+}
+
+ThreadPlan ThreadBudget::plan(int num_workers) const {
+  if (num_workers < 0) SPINDLE_THROW(std::invalid_argument, "spindle: num_workers must be >= 0");
+  const int64_t b = budget();
+  if (num_workers > b) {
+    std::string which = b == user_cap_ ? "max_threads (your cap)"
+                        : b == cgroup_headroom_ ? "the cgroup's pids.max (" + cgroup_path_ + ")"
+                                                : "ulimit -u (RLIMIT_NPROC)";
+    SPINDLE_THROW(ThreadBudgetError,
+                  "spindle: " + std::to_string(num_workers) + " workers do not fit the thread budget of " +
+                      std::to_string(b) + " tasks, bound by " + which + ". " + describe() +
+                      ". Use at most " + std::to_string(b) +
+                      " workers, or raise the limit (ulimit -u / pids.max / max_threads), or stop "
+                      "processes of this user that hold threads.");
+  }
+  ThreadPlan p;
+  p.num_workers = num_workers;
+  p.budget = b;
+  int64_t left = b == kUnlimited ? kUnlimited : b - num_workers - kReserve;
+  // The calling thread is one of the arena's slots, so cpus-1 extra threads
+  // give the arena full use of the CPUs.
+  p.arena_threads = static_cast<int>(std::clamp<int64_t>(left, 0, std::max(0, cpus_ - 1)));
+  return p;
+}
+
+std::string ThreadBudget::describe() const {
+  std::ostringstream os;
+  os << "budget=" << fmt(budget()) << " tasks (RLIMIT_NPROC soft=" << fmt(nproc_limit_)
+     << (nproc_exempt_ ? " [uid exempt]" : "") << ", tasks of this uid=" << uid_tasks_
+     << ", headroom=" << fmt(nproc_headroom()) << "; cgroup pids.max=" << fmt(cgroup_limit_)
+     << " current=" << cgroup_current_ << " headroom=" << fmt(cgroup_headroom_)
+     << "; cpus=" << cpus_ << "; max_threads=" << fmt(user_cap_) << ")";
+  return os.str();
+}
+
+}  // namespace spindle
