@@ -21,8 +21,12 @@ import numpy as np
 from ._layout import BatchLayout
 
 
-def pack_exception(exc: BaseException, index: int, worker_id: int) -> bytes:
-    """Pickles `exc` with the worker's traceback; falls back to its text."""
+def pack_exception(exc: BaseException, index: int, worker_id: int, limit: int) -> bytes:
+    """Pickles `exc` with the worker's traceback into at most `limit` bytes.
+
+    Falls back to the exception's text when it cannot be pickled, and trims the
+    traceback (keeping its end, where the error is) when the report is too big.
+    """
     report = {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "text": str(exc),
@@ -39,7 +43,14 @@ def pack_exception(exc: BaseException, index: int, worker_id: int) -> bytes:
         report["exception"] = blob
     except Exception:
         pass
-    return pickle.dumps(report)
+    blob = pickle.dumps(report)
+    if len(blob) > limit:
+        report["exception"] = None
+        keep = max(0, limit // 2)
+        report["traceback"] = "... (trimmed)\n" + report["traceback"][-keep:]
+        report["text"] = report["text"][:keep // 4]
+        blob = pickle.dumps(report)
+    return blob
 
 
 def seed_worker(seed: int) -> None:
@@ -77,7 +88,7 @@ def run_worker(ctx: Any, dataset: Any, layout: BatchLayout, base_seed: int,
                     layout.write(arrays, row, dataset[index], index)
                 ctx.commit(item)
             except Exception as exc:
-                ctx.fail(item, pack_exception(exc, index, worker_id))
+                ctx.fail(item, pack_exception(exc, index, worker_id, stride))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -157,7 +157,13 @@ class _WorkerIterator:
 
     @property
     def worker_pids(self) -> list[int]:
+        """Pids of this iterator's worker processes."""
         return list(self._loader.worker_pids)
+
+    @property
+    def plan(self) -> _core.ThreadPlan:
+        """The thread plan: workers and arena threads granted by the budget."""
+        return self._loader.plan
 
     def __next__(self) -> Any:
         try:

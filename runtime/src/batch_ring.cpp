@@ -22,7 +22,7 @@ Offsets offsets_for(const RingGeometry& g) {
   o.indices = align_up(o.slots + sizeof(SlotHeader) * g.num_slots, kCacheLine);
   o.payload = align_up(o.indices + sizeof(int64_t) * g.batch_capacity * g.num_slots,
                        BatchRing::kPayloadAlign);
-  o.stride = align_up(std::max<uint64_t>(g.slot_bytes, 1), BatchRing::kPayloadAlign);
+  o.stride = align_up(std::max<uint64_t>(g.slot_bytes, BatchRing::kMinSlotStride), BatchRing::kPayloadAlign);
   o.total = o.payload + o.stride * g.num_slots;
   return o;
 }

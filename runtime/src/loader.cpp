@@ -68,8 +68,8 @@ void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
 void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
 
 void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
-  const std::size_t n = std::min(report.size(), item.out.size());
-  std::memcpy(item.out.data(), report.data(), n);
+  const std::size_t n = std::min(report.size(), ring_.report_capacity());
+  std::memcpy(ring_.payload(item.slot), report.data(), n);
   ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
   finish(item, SlotState::kFailed);
 }
@@ -196,10 +196,12 @@ uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_
 
 std::vector<pid_t> Loader::worker_pids() const { return pool_ ? pool_->pids() : std::vector<pid_t>{}; }
 
-void Loader::close() noexcept {
+void Loader::close() noexcept { stop_workers(std::chrono::milliseconds(1000)); }
+
+void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   if (!pool_) return;
   ring_->ring.queue().close();
-  pool_->shutdown(std::chrono::milliseconds(1000));
+  pool_->shutdown(grace);
   pool_.reset();
 }
 
@@ -238,7 +240,9 @@ std::string Loader::describe_holder(uint32_t slot) const {
 void Loader::fail_closed(const std::string& message, bool timeout) {
   broken_ = message;
   broken_timeout_ = timeout;
-  close();
+  // Idle workers see the closed queue at once; one that is stuck or crashed
+  // gets no long grace period.
+  stop_workers(std::chrono::milliseconds(100));
   if (timeout) throw LoaderTimeoutError(message);
   throw WorkerDiedError(message);
 }

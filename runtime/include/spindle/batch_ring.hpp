@@ -11,7 +11,8 @@
 //   WorkerRecord[num_workers]       what each worker is doing (for crash reports)
 //   SlotHeader[num_slots]           per-slot state machine and batch metadata
 //   int64 indices[num_slots][batch_capacity]   sample indices of each batch
-//   payload[num_slots][slot_stride]            the batch bytes
+//   payload[num_slots][slot_stride]            the batch bytes (stride >= 64 KiB,
+//                                              room for an error report)
 //
 // Slot state machine (one writer per transition, so no CAS is needed):
 //
@@ -84,6 +85,9 @@ struct RingHeader {
 class BatchRing {
  public:
   static constexpr std::size_t kPayloadAlign = 4096;
+  // A slot is at least this big so that a failed batch can carry its error
+  // report (a Python traceback, say) even when batches are tiny.
+  static constexpr std::size_t kMinSlotStride = 64 * 1024;
 
   // Bytes a segment needs for this geometry.
   static std::size_t bytes_for(const RingGeometry& g) noexcept;
@@ -113,6 +117,8 @@ class BatchRing {
   std::span<std::byte> payload_span(uint32_t s) const noexcept {
     return {payload(s), static_cast<std::size_t>(geometry().slot_bytes)};
   }
+  // Room for an error report in a failed slot: the whole stride.
+  std::size_t report_capacity() const noexcept { return static_cast<std::size_t>(header().slot_stride); }
   // Worker side: publish a finished (or failed) slot and wake the consumer.
   void publish(uint32_t s, SlotState st) const noexcept {
     set_state(s, st);

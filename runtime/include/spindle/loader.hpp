@@ -61,7 +61,7 @@ class WorkerContext {
   }
   // Publishes the item's payload as complete.
   void commit(const WorkItem& item) noexcept;
-  // Publishes the item as failed; `report` (truncated to the slot size) is
+  // Publishes the item as failed; `report` (truncated to report_capacity()) is
   // handed to the consumer in BatchFailedError::payload.
   void fail(const WorkItem& item, std::string_view report) noexcept;
   const BatchRing& ring() const noexcept { return ring_; }
@@ -138,6 +138,7 @@ class Loader {
 
  private:
   void post_more();
+  void stop_workers(std::chrono::milliseconds grace) noexcept;
   uint32_t wait_for_delivery();
   void check_workers();
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);

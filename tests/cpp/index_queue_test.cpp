@@ -1,0 +1,214 @@
+// IndexQueue: the single-producer, many-claimer work queue in shared memory.
+// Items are plain uint32 slot numbers, so instead of lifetime-tracking
+// elements, exactly-once delivery is proven by counting every claim of every
+// item: each count must end at 1.
+#include <spindle/index_queue.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+
+namespace spindle {
+namespace {
+
+using spindle::testing::SharedMapping;
+using namespace std::chrono_literals;
+
+// Claim tallies: a count of claims of items never posted, then one count per item.
+struct Tally {
+  alignas(kCacheLine) std::atomic<uint32_t> bad_items{0};
+
+  static std::size_t bytes_for(uint32_t n) { return sizeof(Tally) + sizeof(std::atomic<uint32_t>) * n; }
+  std::atomic<uint32_t>& count(uint32_t item) { return reinterpret_cast<std::atomic<uint32_t>*>(this + 1)[item]; }
+  void record(uint32_t item, uint32_t n) {
+    if (item < n) count(item).fetch_add(1, std::memory_order_relaxed);
+    else bad_items.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+// One queue followed by its tally, in one MAP_SHARED mapping so that forked
+// claimers share both with the test.
+class SharedQueue {
+ public:
+  SharedQueue(uint32_t capacity, uint32_t items)
+      : items_(items),
+        tally_offset_((IndexQueue::bytes_for(capacity) + kCacheLine - 1) / kCacheLine * kCacheLine),
+        map_(tally_offset_ + Tally::bytes_for(items)),
+        queue_(IndexQueue::create(map_.data(), capacity)) {}
+
+  IndexQueue& queue() const { return *queue_; }
+  Tally& tally() const { return *map_.as<Tally>(tally_offset_); }
+  uint32_t items() const { return items_; }
+
+  // The producer: posts 0..items-1, never more than capacity outstanding, then closes.
+  void post_all_then_close() const {
+    for (uint32_t i = 0; i < items_; ++i) {
+      while (queue_->outstanding() >= queue_->capacity()) std::this_thread::yield();
+      queue_->post(i);
+    }
+    queue_->close();
+  }
+
+  // A claimer: claims until the queue is closed and drained; returns its claims.
+  uint64_t claim_until_closed() const {
+    uint64_t mine = 0;
+    for (;;) {
+      if (auto item = queue_->try_claim()) {
+        tally().record(*item, items_);
+        ++mine;
+        continue;
+      }
+      if (queue_->is_closed()) {
+        // The last posts may land between our empty try_claim and seeing `closed`.
+        while (auto item = queue_->try_claim()) {
+          tally().record(*item, items_);
+          ++mine;
+        }
+        return mine;
+      }
+      queue_->wait(1ms);
+    }
+  }
+
+  // Every item claimed exactly once, and nothing else claimed.
+  void expect_each_item_claimed_once() const {
+    EXPECT_EQ(tally().bad_items.load(), 0u) << "claims of items that were never posted";
+    uint32_t lost = 0, duplicated = 0, first_bad = items_;
+    for (uint32_t i = 0; i < items_; ++i) {
+      const uint32_t c = tally().count(i).load();
+      if (c == 0) ++lost;
+      if (c > 1) ++duplicated;
+      if (c != 1 && first_bad == items_) first_bad = i;
+    }
+    EXPECT_EQ(lost, 0u) << "items never claimed (first bad item " << first_bad << ")";
+    EXPECT_EQ(duplicated, 0u) << "items claimed more than once (first bad item " << first_bad << ")";
+    EXPECT_EQ(queue_->outstanding(), 0u);
+  }
+
+ private:
+  uint32_t items_;
+  std::size_t tally_offset_;
+  SharedMapping map_;
+  IndexQueue* queue_;
+};
+
+// Proves items come out in the order they were posted, and outstanding() counts them.
+TEST(IndexQueue, ClaimsInPostOrderAndCountsOutstanding) {
+  SharedQueue sq(4, 0);
+  IndexQueue& q = sq.queue();
+  EXPECT_EQ(q.capacity(), 4u);
+  EXPECT_FALSE(q.try_claim().has_value());
+  for (uint32_t round = 0; round < 5; ++round) {  // 5 rounds of 4 wrap around the entries
+    for (uint32_t i = 0; i < 4; ++i) q.post(100 * round + i);
+    EXPECT_EQ(q.outstanding(), 4u);
+    for (uint32_t i = 0; i < 4; ++i) {
+      auto item = q.try_claim();
+      ASSERT_TRUE(item.has_value());
+      EXPECT_EQ(*item, 100 * round + i);
+    }
+    EXPECT_EQ(q.outstanding(), 0u);
+    EXPECT_FALSE(q.try_claim().has_value());
+  }
+}
+
+// Proves close() is visible to claimers and leaves posted items claimable.
+TEST(IndexQueue, CloseKeepsPostedItemsClaimable) {
+  SharedQueue sq(2, 0);
+  IndexQueue& q = sq.queue();
+  q.post(7);
+  EXPECT_FALSE(q.is_closed());
+  q.close();
+  EXPECT_TRUE(q.is_closed());
+  EXPECT_EQ(q.try_claim(), std::optional<uint32_t>(7));
+  EXPECT_FALSE(q.try_claim().has_value());
+}
+
+// Proves wait() returns at once when an item is already posted or the queue is
+// closed, and otherwise sleeps about its timeout.
+TEST(IndexQueue, WaitReturnsAtOnceWhenThereIsWorkOrTheQueueIsClosed) {
+  SharedQueue sq(2, 0);
+  IndexQueue& q = sq.queue();
+  auto timed_wait = [&](std::chrono::milliseconds t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    q.wait(t);
+    return std::chrono::steady_clock::now() - t0;
+  };
+  EXPECT_GE(timed_wait(20ms), 15ms) << "an empty queue should sleep";
+  q.post(1);
+  EXPECT_LT(timed_wait(5s), 1s) << "a posted item should end the wait";
+  ASSERT_TRUE(q.try_claim().has_value());
+  q.close();
+  EXPECT_LT(timed_wait(5s), 1s) << "a closed queue should end the wait";
+}
+
+// Proves a claimer asleep in wait() is woken by post() well before its timeout.
+TEST(IndexQueueConcurrency, PostWakesASleepingClaimer) {
+  SharedQueue sq(2, 1);
+  IndexQueue& q = sq.queue();
+  std::atomic<bool> got{false};
+  std::chrono::steady_clock::time_point woke;
+  std::thread claimer([&] {
+    while (!q.try_claim()) q.wait(10s);
+    woke = std::chrono::steady_clock::now();
+    got.store(true);
+  });
+  std::this_thread::sleep_for(50ms);  // let it fall asleep
+  const auto posted = std::chrono::steady_clock::now();
+  q.post(0);
+  claimer.join();
+  EXPECT_TRUE(got.load());
+  EXPECT_LT(woke - posted, 2s);
+}
+
+// Proves every item is claimed exactly once by competing claimer threads while
+// a small ring wraps around thousands of times.
+TEST(IndexQueueConcurrency, ThreadClaimersClaimEveryItemExactlyOnceAcrossWrapAround) {
+  constexpr uint32_t kItems = 100000;
+  constexpr int kClaimers = 3;
+  SharedQueue sq(4, kItems);
+  std::atomic<uint64_t> total{0};
+  std::vector<std::thread> claimers;
+  for (int t = 0; t < kClaimers; ++t)
+    claimers.emplace_back([&] { total.fetch_add(sq.claim_until_closed()); });
+  sq.post_all_then_close();
+  for (auto& t : claimers) t.join();
+  EXPECT_EQ(total.load(), kItems);
+  sq.expect_each_item_claimed_once();
+}
+
+// Proves the same with the claimers in forked processes over a MAP_SHARED
+// mapping, the way loader workers use the queue.
+TEST(IndexQueueConcurrency, ForkedClaimersClaimEveryItemExactlyOnceAcrossWrapAround) {
+  constexpr uint32_t kItems = 100000;
+  constexpr int kClaimers = 3;
+  SharedQueue sq(4, kItems);
+  std::vector<pid_t> children;
+  for (int c = 0; c < kClaimers; ++c) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      (void)sq.claim_until_closed();
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  sq.post_all_then_close();
+  for (pid_t pid : children) {
+    const int status = spindle::testing::wait_child(pid, 30s);
+    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "claimer process " << pid << " did not exit cleanly (status " << status << ")";
+  }
+  sq.expect_each_item_claimed_once();
+}
+
+}  // namespace
+}  // namespace spindle

@@ -1,0 +1,147 @@
+"""spindle.DataLoader: order, values, structure and lifetime of batches."""
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+
+import spindle
+from datasets import Images, Nested, Pair
+
+
+def labels(batch):
+    return batch[:, 0, 0, 0].tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_sequential_batches_hold_every_sample_in_order(num_workers):
+    """Without shuffle, batch k holds samples k*B..k*B+B-1 with their own values."""
+    loader = spindle.DataLoader(Images(1000), batch_size=64, num_workers=num_workers)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 16
+    assert batches[-1].shape == (1000 - 15 * 64, 8, 8, 3)
+    got = [v for b in batches for v in labels(b)]
+    assert got == [i % 251 for i in range(1000)]
+    assert all(b.dtype == np.uint8 for b in batches)
+
+
+def test_drop_last_drops_the_short_batch():
+    """drop_last=True yields only full batches, and len() agrees."""
+    loader = spindle.DataLoader(Images(1000), batch_size=64, num_workers=2, drop_last=True)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 15
+    assert all(b.shape[0] == 64 for b in batches)
+
+
+def test_shuffle_with_seed_is_a_reproducible_permutation_that_changes_per_epoch():
+    """The same seed gives the same order; each epoch is a new permutation of all samples."""
+    ds = Images(500, shape=(2,))
+    ds.__getitem__ = None  # type: ignore[assignment]  # (instance attr unused by the protocol)
+
+    class Index:
+        def __len__(self):
+            return 500
+
+        def __getitem__(self, i):
+            return np.int64(i)
+
+    a = spindle.DataLoader(Index(), batch_size=50, shuffle=True, num_workers=2, seed=7)
+    b = spindle.DataLoader(Index(), batch_size=50, shuffle=True, num_workers=0, seed=7)
+    ea1 = np.concatenate(list(a))
+    ea2 = np.concatenate(list(a))
+    eb1 = np.concatenate(list(b))
+    assert sorted(ea1.tolist()) == list(range(500))
+    assert ea1.tolist() == eb1.tolist()          # workers do not change the order
+    assert ea1.tolist() != ea2.tolist()          # a new permutation each epoch
+    assert ea1.tolist() != list(range(500))
+
+
+def test_nested_samples_batch_like_their_structure():
+    """Dicts, tuples, lists, namedtuples and Python scalars batch leaf by leaf."""
+    batches = list(spindle.DataLoader(Nested(), batch_size=10, num_workers=2))
+    first = batches[0]
+    assert set(first) == {"image", "meta", "pair"}
+    assert first["image"].shape == (10, 3, 4) and first["image"].dtype == np.float32
+    i, half, even, small = first["meta"]
+    assert i.dtype == np.int64 and half.dtype == np.float64 and even.dtype == np.bool_
+    assert small.dtype == np.int16
+    assert isinstance(first["pair"], Pair) and isinstance(first["pair"].y, list)
+    idx = np.concatenate([b["meta"][0] for b in batches])
+    assert idx.tolist() == list(range(103))
+    last = batches[-1]
+    assert last["image"].shape == (3, 3, 4)
+    np.testing.assert_array_equal(last["image"][:, 0, 0], [100, 101, 102])
+    np.testing.assert_array_equal(last["pair"].x[:, 1], [-100, -101, -102])
+
+
+def test_out_of_order_delivery_yields_every_batch_once():
+    """in_order=False may reorder batches but loses and repeats none."""
+    loader = spindle.DataLoader(Images(1000, shape=(1,)), batch_size=10, num_workers=3, in_order=False)
+    got = sorted(v for b in loader for v in b[:, 0].tolist())
+    assert got == sorted(i % 251 for i in range(1000))
+
+
+def test_batches_are_writable_views_that_outlive_the_loader():
+    """Batches can be written to, and stay valid after the loader and its iterator are gone."""
+    loader = spindle.DataLoader(Images(256), batch_size=32, num_workers=2)
+    it = iter(loader)
+    first, second = next(it), next(it)
+    first[0, 0, 0, 0] = 200
+    del it, loader
+    gc.collect()
+    assert first[0, 0, 0, 0] == 200 and labels(first)[1:] == list(range(1, 32))
+    assert labels(second) == list(range(32, 64))
+
+
+def test_keeping_every_batch_copies_out_with_a_warning_and_never_corrupts():
+    """Holding all batches exhausts the ring: later batches are copied out (one warning), none is overwritten."""
+    loader = spindle.DataLoader(Images(3000), batch_size=16, num_workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = list(loader)
+    copy_warnings = [w for w in caught if "copied out of shared memory" in str(w.message)]
+    assert len(copy_warnings) == 1
+    assert [v for b in kept for v in labels(b)] == [i % 251 for i in range(3000)]
+
+
+def test_a_sample_with_another_shape_names_the_sample_and_both_shapes():
+    """A sample whose shape differs from the first sample raises ValueError naming it."""
+
+    class Ragged(Images):
+        def __getitem__(self, i):
+            return np.zeros((3,) if i != 37 else (4,), np.float32)
+
+    with pytest.raises(ValueError, match=r"sample 37: field <sample> has shape \(4,\).*had shape \(3,\)") as e:
+        list(spindle.DataLoader(Ragged(100), batch_size=8, num_workers=2))
+    assert "sample index 37" in "".join(getattr(e.value, "__notes__", []))
+
+
+def test_unsupported_leaf_types_are_refused_with_the_field_path():
+    """A string field raises a TypeError-like error naming the field and what to do."""
+
+    class Strings(Images):
+        def __getitem__(self, i):
+            return {"name": f"img{i}"}
+
+    with pytest.raises(ValueError, match=r"field \['name'\] is a str"):
+        list(spindle.DataLoader(Strings(10), batch_size=2, num_workers=0))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "batch_size should be an integer >= 1"),
+    ({"num_workers": -1}, "num_workers should be an integer >= 0"),
+    ({"timeout": -1}, "timeout should be non-negative"),
+    ({"prefetch_factor": 0}, "prefetch_factor should be an integer >= 1"),
+])
+def test_bad_arguments_raise_value_errors_naming_the_argument(kwargs, message):
+    """Invalid arguments fail at construction with the argument's name."""
+    with pytest.raises(ValueError, match=message):
+        spindle.DataLoader(Images(10), **kwargs)
+
+
+def test_max_threads_below_the_worker_count_raises_the_budget_error():
+    """A user cap smaller than num_workers fails before any worker starts."""
+    loader = spindle.DataLoader(Images(10), batch_size=2, num_workers=4, max_threads=3)
+    with pytest.raises(spindle.ThreadBudgetError, match="4 workers do not fit the thread budget of 3 tasks"):
+        iter(loader)

@@ -1,0 +1,72 @@
+"""Run a Python script as an unprivileged uid under `ulimit -u`.
+
+Root is exempt from RLIMIT_NPROC, so a thread-limit claim is only shown by a
+process of another uid. That uid cannot read /root (where a per-user Python
+may live), so the script runs on Debian's /usr/bin/python3 (numpy from the
+python3-numpy package) with a copy of the installed spindle package staged in
+a world-readable temporary directory. Used by tests/python and bench/python.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def uid_tasks(uid: int) -> int:
+    """Tasks (threads) whose real uid is `uid`, summed from /proc."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == uid:
+            total += int(fields["Threads"])
+    return total
+
+
+def stage(dest: Path, packages: list[str]) -> None:
+    """Copies importable packages (by name) into `dest`, readable by everyone."""
+    import importlib
+
+    for name in packages:
+        src = Path(importlib.import_module(name).__file__).parent
+        shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(dest):
+        os.chmod(root, 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+
+
+def run_limited(script: str, headroom: int, *, uid: int = NOBODY, timeout: float = 300,
+                packages: tuple[str, ...] = ("spindle",), python: str = SYSTEM_PYTHON,
+                extra_path: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Runs `script` as `uid` with RLIMIT_NPROC = tasks the uid has + 1 + headroom.
+
+    The +1 is the interpreter itself, so `headroom` is what the script may add.
+    Returns the completed process (stdout/stderr captured as text).
+    """
+    with tempfile.TemporaryDirectory(prefix="spindle-unpriv-") as tmp:
+        root = Path(tmp)
+        os.chmod(root, 0o755)
+        stage(root / "pkg", list(packages))
+        (root / "script.py").write_text(script)
+        os.chmod(root / "script.py", 0o644)
+        limit = uid_tasks(uid) + 1 + headroom
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8",
+               "PYTHONPATH": os.pathsep.join([str(root / "pkg"), *extra_path]),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "bash", "-c",
+               f"ulimit -u {limit} && exec {python} {root / 'script.py'}"]
+        return subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
