@@ -1,6 +1,8 @@
 // Maps the runtime's exceptions onto the Python classes in spindle/errors.py.
 #include <spindle/error.hpp>
 
+#include <system_error>
+
 #include "register.hpp"
 
 namespace py = pybind11;
@@ -31,6 +33,10 @@ void register_errors(py::module_& m) {
       py::object inst = py::reinterpret_borrow<py::object>(failed)(
           e.what(), e.worker_id, e.pid, e.batch_id, py::bytes(e.payload));
       PyErr_SetObject(failed, inst.ptr());
+    } catch (const std::system_error& e) {
+      // OSError(errno, message): Python code can test .errno like for os.fork().
+      py::object inst = py::reinterpret_borrow<py::object>(PyExc_OSError)(e.code().value(), e.what());
+      PyErr_SetObject(PyExc_OSError, inst.ptr());
     }
   });
 }

@@ -1,13 +1,21 @@
 // A native pipeline on spindle: 2 workers produce 64x64x3 uint8 "images"
 // into the shared ring; the main thread iterates the batches and checks them.
 //
-//   ./native_loader [num_samples] [batch_size] [num_workers]
+//   ./native_loader [num_samples] [batch_size] [num_workers] [fork|zygote]
+//
+// "zygote" (the default) is the pattern for real programs, which usually have
+// threads by the time they load data: the worker body is registered with a
+// Zygote at the top of main(), while the process is single-threaded, and
+// workers are forked from that clean image. "fork" forks workers straight
+// from the caller, which is fine for a single-threaded caller.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include <spindle/loader.hpp>
+#include <spindle/zygote.hpp>
 
 namespace {
 
@@ -22,9 +30,13 @@ void make_image(int64_t index, std::span<std::byte> out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First thing in main: before any library has a chance to start a thread.
+  spindle::Zygote zygote({{"images", spindle::sample_worker(make_image, kSampleBytes)}});
+
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : 100000;
   const uint32_t batch = argc > 2 ? static_cast<uint32_t>(std::atoi(argv[2])) : 256;
   const int workers = argc > 3 ? std::atoi(argv[3]) : 2;
+  const bool use_zygote = argc <= 4 || std::strcmp(argv[4], "fork") != 0;
 
   std::vector<std::vector<int64_t>> batches;
   for (int64_t i = 0; i < n; i += batch) {
@@ -36,8 +48,13 @@ int main(int argc, char** argv) {
   opt.num_workers = workers;
   opt.batch_capacity = batch;
   opt.slot_bytes = kSampleBytes * batch;
-  spindle::Loader loader(opt, batches, spindle::sample_worker(make_image, kSampleBytes));
-  std::printf("workers=%d arena_threads=%d budget=%lld slots=%u\n", loader.plan().num_workers,
+  auto loader_ptr = use_zygote
+                        ? std::make_unique<spindle::Loader>(opt, batches, zygote, "images")
+                        : std::make_unique<spindle::Loader>(opt, batches,
+                                                            spindle::sample_worker(make_image, kSampleBytes));
+  spindle::Loader& loader = *loader_ptr;
+  std::printf("%s: workers=%d arena_threads=%d budget=%lld slots=%u\n", use_zygote ? "zygote" : "fork",
+              loader.plan().num_workers,
               loader.plan().arena_threads,
               static_cast<long long>(loader.plan().budget == spindle::kUnlimited ? -1 : loader.plan().budget),
               loader.num_slots());

@@ -33,71 +33,6 @@ std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 
 }  // namespace
 
-// ---------------------------------------------------------------- worker side
-
-WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t consumer)
-    : ring_(ring), worker_id_(worker_id), consumer_(consumer) {}
-
-std::optional<WorkItem> WorkerContext::claim() {
-  IndexQueue& q = ring_.queue();
-  WorkerRecord& rec = ring_.worker(worker_id_);
-  for (;;) {
-    if (q.is_closed()) return std::nullopt;
-    if (auto s = q.try_claim()) {
-      SlotHeader& h = ring_.slot(*s);
-      h.worker = worker_id_;
-      rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
-      rec.sample_index.store(-1, std::memory_order_relaxed);
-      rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
-      ring_.set_state(*s, SlotState::kFilling);
-      return WorkItem{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s)};
-    }
-    if (getppid() != consumer_) return std::nullopt;  // orphaned: the consumer is gone
-    q.wait(std::chrono::milliseconds(100));
-  }
-}
-
-void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
-  ring_.publish(item.slot, st);
-  WorkerRecord& rec = ring_.worker(worker_id_);
-  rec.slot.store(-1, std::memory_order_relaxed);
-  rec.batch_id.store(-1, std::memory_order_relaxed);
-  rec.sample_index.store(-1, std::memory_order_relaxed);
-}
-
-void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
-
-void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
-  const std::size_t n = std::min(report.size(), ring_.report_capacity());
-  std::memcpy(ring_.payload(item.slot), report.data(), n);
-  ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
-  finish(item, SlotState::kFailed);
-}
-
-WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {
-  return [fn = std::move(fn), sample_bytes](WorkerContext& ctx) {
-    while (auto item = ctx.claim()) {
-      int64_t current = -1;
-      try {
-        if (item->indices.size() * sample_bytes > item->out.size())
-          SPINDLE_THROW(std::length_error, "spindle: slot of " + std::to_string(item->out.size()) +
-                                               " bytes cannot hold " + std::to_string(item->indices.size()) +
-                                               " samples of " + std::to_string(sample_bytes) +
-                                               " bytes; raise LoaderOptions::slot_bytes");
-        for (std::size_t i = 0; i < item->indices.size(); ++i) {
-          current = item->indices[i];
-          ctx.set_sample(current);
-          fn(current, item->out.subspan(i * sample_bytes, sample_bytes));
-        }
-        ctx.commit(*item);
-      } catch (const std::exception& e) {
-        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what());
-      }
-    }
-    return 0;
-  };
-}
-
 // ---------------------------------------------------------------- batches
 
 Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move(ring)), slot_(slot) {
@@ -145,6 +80,30 @@ void Batch::copy_out() {
 Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, WorkerMain worker_main,
                const ForkHooks& hooks)
     : options_(options), batches_(std::move(batches)) {
+  prepare();
+  const BatchRing ring = ring_->ring;
+  const pid_t consumer = getpid();
+  pool_ = std::make_unique<WorkerPool>(
+      options.num_workers,
+      [&](int w) {
+        ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
+        WorkerContext ctx(ring, w, consumer);
+        return worker_main(ctx);
+      },
+      hooks);
+  start();
+}
+
+Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, Zygote& zygote,
+               const std::string& main)
+    : options_(options), batches_(std::move(batches)) {
+  prepare();
+  pool_ = std::make_unique<WorkerPool>(options.num_workers, zygote, main, ring_->segment.fd());
+  start();
+}
+
+void Loader::prepare() {
+  const LoaderOptions& options = options_;
   if (options.num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
                                              std::to_string(options.num_workers) + ")");
@@ -175,17 +134,9 @@ Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> b
   ring_ = std::make_shared<RingStorage>(
       bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
+}
 
-  const BatchRing ring = ring_->ring;
-  const pid_t consumer = getpid();
-  pool_ = std::make_unique<WorkerPool>(
-      options.num_workers,
-      [&](int w) {
-        ring.worker(w).pid.store(getpid(), std::memory_order_relaxed);
-        WorkerContext ctx(ring, w, consumer);
-        return worker_main(ctx);
-      },
-      hooks);
+void Loader::start() {
   last_check_ = std::chrono::steady_clock::now();
   post_more();
 }

@@ -70,6 +70,9 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what) : size_(bytes
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " for " + what + " failed");
     data_ = static_cast<std::byte*>(p);
+    // Kept (close-on-exec) so the segment can be handed to workers that are
+    // not forks of this process (see zygote.hpp).
+    fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   } catch (const bip::interprocess_exception& e) {
     SPINDLE_THROW(SharedMemoryError, "spindle: cannot create shared memory segment /dev/shm/" + name +
                                          " for " + what + ": " + e.what());
@@ -78,6 +81,7 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what) : size_(bytes
 
 ShmSegment::~ShmSegment() {
   if (data_) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
 }
 
 }  // namespace spindle

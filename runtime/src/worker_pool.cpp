@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <spindle/error.hpp>
+#include <spindle/zygote.hpp>
 
 namespace spindle {
 
@@ -60,53 +61,87 @@ WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const F
   }
 }
 
+WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd) : zygote_(&zygote) {
+  for (int w = 0; w < n; ++w) {
+    try {
+      pids_.push_back(zygote.spawn(main, w, segment_fd));
+      reaped_.push_back(false);
+    } catch (...) {
+      shutdown(std::chrono::milliseconds(0));
+      throw;
+    }
+  }
+}
+
 WorkerPool::~WorkerPool() { shutdown(std::chrono::milliseconds(1000)); }
+
+std::optional<int> WorkerPool::try_reap(std::size_t w) {
+  const pid_t pid = pids_[w];
+  if (zygote_) {
+    while (auto e = zygote_->next_exit(std::chrono::milliseconds(0))) reported_[e->first] = e->second;
+    if (auto it = reported_.find(pid); it != reported_.end()) {
+      int status = it->second;
+      reported_.erase(it);
+      return status;
+    }
+    if (kill(pid, 0) != 0 && errno == ESRCH) return -1;  // gone and reaped elsewhere (zygote died)
+    return std::nullopt;
+  }
+  int status = 0;
+  pid_t r = waitpid(pid, &status, WNOHANG);
+  if (r == pid) return status;
+  if (r < 0 && errno == ECHILD) return -1;
+  return std::nullopt;
+}
 
 std::optional<WorkerExit> WorkerPool::poll_exit() {
   for (std::size_t w = 0; w < pids_.size(); ++w) {
     if (reaped_[w]) continue;
-    int status = 0;
-    pid_t r = waitpid(pids_[w], &status, WNOHANG);
-    if (r == pids_[w] || (r < 0 && errno == ECHILD)) {
-      reaped_[w] = true;
-      WorkerExit e;
-      e.worker_id = static_cast<int>(w);
-      e.pid = pids_[w];
-      if (r > 0 && WIFSIGNALED(status)) {
-        e.signaled = true;
-        e.code = WTERMSIG(status);
-      } else {
-        e.code = r > 0 ? WEXITSTATUS(status) : -1;
-      }
-      return e;
+    auto status = try_reap(w);
+    if (!status) continue;
+    reaped_[w] = true;
+    WorkerExit e;
+    e.worker_id = static_cast<int>(w);
+    e.pid = pids_[w];
+    if (*status >= 0 && WIFSIGNALED(*status)) {
+      e.signaled = true;
+      e.code = WTERMSIG(*status);
+    } else {
+      e.code = *status >= 0 ? WEXITSTATUS(*status) : -1;
     }
+    return e;
   }
   return std::nullopt;
 }
 
 void WorkerPool::shutdown(std::chrono::milliseconds grace) noexcept {
-  const auto deadline = std::chrono::steady_clock::now() + grace;
-  for (;;) {
-    bool all = true;
+  auto reap_all = [&](std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      bool all = true;
+      for (std::size_t w = 0; w < pids_.size(); ++w) {
+        if (reaped_[w]) continue;
+        if (try_reap(w)) reaped_[w] = true;
+        else all = false;
+      }
+      if (all || std::chrono::steady_clock::now() >= deadline) return all;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  if (reap_all(std::chrono::steady_clock::now() + grace)) return;
+  for (std::size_t w = 0; w < pids_.size(); ++w)
+    if (!reaped_[w]) kill(pids_[w], SIGKILL);
+  if (!zygote_) {
     for (std::size_t w = 0; w < pids_.size(); ++w) {
       if (reaped_[w]) continue;
       int status = 0;
-      pid_t r = waitpid(pids_[w], &status, WNOHANG);
-      if (r == pids_[w] || (r < 0 && errno == ECHILD)) reaped_[w] = true;
-      else all = false;
+      while (waitpid(pids_[w], &status, 0) < 0 && errno == EINTR) {
+      }
+      reaped_[w] = true;
     }
-    if (all) return;
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return;
   }
-  for (std::size_t w = 0; w < pids_.size(); ++w) {
-    if (reaped_[w]) continue;
-    kill(pids_[w], SIGKILL);
-    int status = 0;
-    while (waitpid(pids_[w], &status, 0) < 0 && errno == EINTR) {
-    }
-    reaped_[w] = true;
-  }
+  // The zygote reaps them; its reports arrive within its poll period.
+  reap_all(std::chrono::steady_clock::now() + std::chrono::seconds(2));
 }
 
 }  // namespace spindle

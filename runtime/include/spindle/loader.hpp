@@ -1,7 +1,7 @@
 #pragma once
-// Loader: the consumer side of spindle. It owns the shared segment, forks the
+// Loader: the consumer side of spindle. It owns the shared segment, starts the
 // workers, posts batches to the index queue, and hands out finished batches as
-// leases on ring slots. WorkerContext is the worker side of the same protocol.
+// leases on ring slots. The worker side is worker_context.hpp.
 //
 // Flow control is done by the consumer alone: a batch is posted only into a
 // free slot, so the queue can never overflow and a slot a user still holds is
@@ -23,7 +23,9 @@
 
 #include <spindle/batch_ring.hpp>
 #include <spindle/thread_budget.hpp>
+#include <spindle/worker_context.hpp>
 #include <spindle/worker_pool.hpp>
+#include <spindle/zygote.hpp>
 
 namespace spindle {
 
@@ -37,50 +39,6 @@ struct LoaderOptions {
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
   BudgetSources budget_sources;          // where limits are read (tests fake it)
 };
-
-// One claimed work item, as a worker sees it.
-struct WorkItem {
-  uint32_t slot = 0;
-  int64_t batch_id = 0;
-  std::span<const int64_t> indices;  // the samples to produce, in order
-  std::span<std::byte> out;          // the slot's payload
-};
-
-class WorkerContext {
- public:
-  WorkerContext(BatchRing ring, int worker_id, pid_t consumer);
-  int worker_id() const noexcept { return worker_id_; }
-  int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
-
-  // Blocks until an item is posted. nullopt: the loader closed, or the
-  // consumer process is gone; the worker should return.
-  std::optional<WorkItem> claim();
-  // Records the sample being produced (shown if this worker crashes).
-  void set_sample(int64_t index) noexcept {
-    ring_.worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
-  }
-  // Publishes the item's payload as complete.
-  void commit(const WorkItem& item) noexcept;
-  // Publishes the item as failed; `report` (truncated to report_capacity()) is
-  // handed to the consumer in BatchFailedError::payload.
-  void fail(const WorkItem& item, std::string_view report) noexcept;
-  const BatchRing& ring() const noexcept { return ring_; }
-
- private:
-  void finish(const WorkItem& item, SlotState st) noexcept;
-  BatchRing ring_;
-  int worker_id_;
-  pid_t consumer_;
-};
-
-using WorkerMain = std::function<int(WorkerContext&)>;
-
-// Producer of one sample: writes sample `index` into `out` (sample_bytes).
-using SampleFn = std::function<void(int64_t index, std::span<std::byte> out)>;
-
-// A WorkerMain for fixed-size samples laid out back to back in the slot.
-// Exceptions from `fn` fail the batch with "sample <i>: <what>".
-WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes);
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
 
@@ -119,6 +77,11 @@ class Loader {
   // lists the sample indices of every batch, in delivery order.
   Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, WorkerMain worker_main,
          const ForkHooks& hooks = {});
+  // The same, with workers forked by `zygote` running its main named `main`
+  // (for a caller that is already multithreaded; see zygote.hpp). The zygote
+  // must outlive the loader.
+  Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, Zygote& zygote,
+         const std::string& main);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -137,6 +100,8 @@ class Loader {
   int64_t copied_out() const noexcept { return copied_out_; }
 
  private:
+  void prepare();
+  void start();
   void post_more();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   uint32_t wait_for_delivery();

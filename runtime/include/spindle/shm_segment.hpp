@@ -26,6 +26,9 @@ class ShmSegment {
 
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  // A descriptor of the (already unlinked) segment, for passing to processes
+  // that are not forks of this one.
+  int fd() const noexcept { return fd_; }
 
   // Removes names left by dead owners; returns how many it removed.
   static int reclaim_stale(const std::string& dir = "/dev/shm");
@@ -35,6 +38,7 @@ class ShmSegment {
  private:
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  int fd_ = -1;
 };
 
 }  // namespace spindle

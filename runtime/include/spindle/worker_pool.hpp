@@ -1,5 +1,8 @@
 #pragma once
-// WorkerPool: forks the worker processes and supervises them.
+// WorkerPool: starts the worker processes and supervises them.
+//
+// Workers are either forked here (the default) or forked by a Zygote (for a
+// native caller that is already multithreaded; see zygote.hpp).
 //
 // Each worker is a fork of the consumer with exactly one thread (fork copies
 // only the calling thread). The child asks the kernel to SIGKILL it when the
@@ -12,11 +15,14 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace spindle {
+
+class Zygote;
 
 struct ForkHooks {
   std::function<void()> before_fork;
@@ -40,6 +46,8 @@ class WorkerPool {
   // result. Throws std::system_error (with the errno and the worker that could
   // not be started) if fork fails; workers already started are killed first.
   WorkerPool(int n, const std::function<int(int)>& child_main, const ForkHooks& hooks);
+  // Has `zygote` fork `n` workers running its main `main` over `segment_fd`.
+  WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -54,8 +62,13 @@ class WorkerPool {
   int size() const noexcept { return static_cast<int>(pids_.size()); }
 
  private:
+  // The wait status of worker w if it has exited (-1: exited, status unknown).
+  std::optional<int> try_reap(std::size_t w);
+
   std::vector<pid_t> pids_;
   std::vector<bool> reaped_;
+  Zygote* zygote_ = nullptr;          // set when the zygote forked the workers
+  std::map<pid_t, int> reported_;     // exits the zygote reported, not yet matched
 };
 
 }  // namespace spindle

@@ -1,0 +1,64 @@
+#pragma once
+// WorkerContext: the worker side of the loader protocol. A worker claims work
+// items (a ring slot listing sample indices), writes the samples into the
+// slot's payload and publishes it, or publishes a failure report.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <spindle/batch_ring.hpp>
+
+namespace spindle {
+
+// One claimed work item, as a worker sees it.
+struct WorkItem {
+  uint32_t slot = 0;
+  int64_t batch_id = 0;
+  std::span<const int64_t> indices;  // the samples to produce, in order
+  std::span<std::byte> out;          // the slot's payload
+};
+
+class WorkerContext {
+ public:
+  // `parent`: the process whose death means this worker must exit (the
+  // consumer, or the zygote that forked it).
+  WorkerContext(BatchRing ring, int worker_id, pid_t parent);
+  int worker_id() const noexcept { return worker_id_; }
+  int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
+
+  // Blocks until an item is posted. nullopt: the loader closed, or the
+  // consumer process is gone; the worker should return.
+  std::optional<WorkItem> claim();
+  // Records the sample being produced (shown if this worker crashes).
+  void set_sample(int64_t index) noexcept {
+    ring_.worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
+  }
+  // Publishes the item's payload as complete.
+  void commit(const WorkItem& item) noexcept;
+  // Publishes the item as failed; `report` (truncated to report_capacity()) is
+  // handed to the consumer in BatchFailedError::payload.
+  void fail(const WorkItem& item, std::string_view report) noexcept;
+  const BatchRing& ring() const noexcept { return ring_; }
+
+ private:
+  void finish(const WorkItem& item, SlotState st) noexcept;
+  BatchRing ring_;
+  int worker_id_;
+  pid_t parent_;
+};
+
+using WorkerMain = std::function<int(WorkerContext&)>;
+
+// Producer of one sample: writes sample `index` into `out` (sample_bytes).
+using SampleFn = std::function<void(int64_t index, std::span<std::byte> out)>;
+
+// A WorkerMain for fixed-size samples laid out back to back in the slot.
+// Exceptions from `fn` fail the batch with "sample <i>: <what>".
+WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes);
+
+}  // namespace spindle

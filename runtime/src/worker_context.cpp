@@ -1,0 +1,77 @@
+#include <spindle/worker_context.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <spindle/error.hpp>
+
+namespace spindle {
+
+WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent)
+    : ring_(ring), worker_id_(worker_id), parent_(parent) {}
+
+std::optional<WorkItem> WorkerContext::claim() {
+  IndexQueue& q = ring_.queue();
+  WorkerRecord& rec = ring_.worker(worker_id_);
+  for (;;) {
+    if (q.is_closed()) return std::nullopt;
+    if (auto s = q.try_claim()) {
+      SlotHeader& h = ring_.slot(*s);
+      h.worker = worker_id_;
+      rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
+      rec.sample_index.store(-1, std::memory_order_relaxed);
+      rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
+      ring_.set_state(*s, SlotState::kFilling);
+      return WorkItem{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s)};
+    }
+    if (getppid() != parent_) return std::nullopt;  // orphaned: the consumer is gone
+    q.wait(std::chrono::milliseconds(100));
+  }
+}
+
+void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
+  ring_.publish(item.slot, st);
+  WorkerRecord& rec = ring_.worker(worker_id_);
+  rec.slot.store(-1, std::memory_order_relaxed);
+  rec.batch_id.store(-1, std::memory_order_relaxed);
+  rec.sample_index.store(-1, std::memory_order_relaxed);
+}
+
+void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
+
+void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
+  const std::size_t n = std::min(report.size(), ring_.report_capacity());
+  std::memcpy(ring_.payload(item.slot), report.data(), n);
+  ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
+  finish(item, SlotState::kFailed);
+}
+
+WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {
+  return [fn = std::move(fn), sample_bytes](WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      int64_t current = -1;
+      try {
+        if (item->indices.size() * sample_bytes > item->out.size())
+          SPINDLE_THROW(std::length_error, "spindle: slot of " + std::to_string(item->out.size()) +
+                                               " bytes cannot hold " + std::to_string(item->indices.size()) +
+                                               " samples of " + std::to_string(sample_bytes) +
+                                               " bytes; raise LoaderOptions::slot_bytes");
+        for (std::size_t i = 0; i < item->indices.size(); ++i) {
+          current = item->indices[i];
+          ctx.set_sample(current);
+          fn(current, item->out.subspan(i * sample_bytes, sample_bytes));
+        }
+        ctx.commit(*item);
+      } catch (const std::exception& e) {
+        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what());
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace spindle

@@ -1,0 +1,200 @@
+#include <spindle/zygote.hpp>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+#include <spindle/error.hpp>
+#include <spindle/thread_budget.hpp>
+
+namespace spindle {
+namespace {
+
+struct Request {
+  int32_t worker_id;
+  char main[Zygote::kMaxName + 1];
+};
+
+struct Exit {
+  int32_t pid;
+  int32_t status;
+};
+
+void send_fd(int sock, const Request& req, int fd) {
+  iovec iov{const_cast<Request*>(&req), sizeof(req)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req)))
+    SPINDLE_THROW_ERRNO("spindle: cannot send a request to the zygote");
+}
+
+// Returns bytes read (0 at EOF) and the passed descriptor in `fd` (or -1).
+ssize_t recv_fd(int sock, Request& req, int& fd) {
+  iovec iov{&req, sizeof(req)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  fd = -1;
+  if (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c && c->cmsg_type == SCM_RIGHTS)
+    std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  return n;
+}
+
+// Runs in a worker forked by the zygote: map the segment and run the body.
+[[noreturn]] void run_worker(const WorkerMain& main, int worker_id, int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) _exit(1);
+  void* mem = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mem == MAP_FAILED) _exit(1);
+  BatchRing ring(static_cast<std::byte*>(mem));
+  ring.worker(static_cast<uint32_t>(worker_id)).pid.store(getpid(), std::memory_order_relaxed);
+  int rc = 1;
+  try {
+    WorkerContext ctx(ring, worker_id, getppid());
+    rc = main(ctx);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "spindle: worker %d (pid %d) stopped: %s\n", worker_id, getpid(), e.what());
+  }
+  std::fflush(nullptr);
+  _exit(rc);
+}
+
+[[noreturn]] void zygote_loop(const std::map<std::string, WorkerMain>& mains, int control, int events,
+                              pid_t consumer) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != consumer) _exit(0);
+  for (;;) {
+    pollfd p{control, POLLIN, 0};
+    poll(&p, 1, 20);
+    for (;;) {  // report every worker that exited
+      int status = 0;
+      pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      Exit e{pid, status};
+      send(events, &e, sizeof(e), MSG_NOSIGNAL);
+    }
+    if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    Request req{};
+    int fd = -1;
+    if (recv_fd(control, req, fd) <= 0) _exit(0);  // the consumer closed us
+    req.main[Zygote::kMaxName] = '\0';
+    int32_t reply = 0;
+    auto it = mains.find(req.main);
+    if (it == mains.end() || fd < 0) {
+      reply = -EINVAL;
+    } else if (pid_t pid = fork(); pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(control);
+      close(events);
+      run_worker(it->second, req.worker_id, fd);
+    } else {
+      reply = pid > 0 ? pid : -errno;
+    }
+    if (fd >= 0) close(fd);
+    send(control, &reply, sizeof(reply), MSG_NOSIGNAL);
+  }
+}
+
+}  // namespace
+
+Zygote::Zygote(std::map<std::string, WorkerMain> mains) {
+  for (const auto& [name, _] : mains)
+    if (name.size() > kMaxName) SPINDLE_THROW(std::invalid_argument, "spindle: worker main name too long: " + name);
+  if (int n = count_process_threads(getpid()); n > 1)
+    SPINDLE_THROW(std::logic_error, "spindle: a Zygote must be started while the process has one thread (it has " +
+                                        std::to_string(n) +
+                                        "); create it at the top of main(), before any library starts threads");
+  int control[2], events[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, control) != 0)
+    SPINDLE_THROW_ERRNO("spindle: socketpair for the zygote failed");
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, events) != 0) {
+    close(control[0]);
+    close(control[1]);
+    SPINDLE_THROW_ERRNO("spindle: socketpair for the zygote failed");
+  }
+  const pid_t consumer = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(control[0]);
+    close(events[0]);
+    zygote_loop(mains, control[1], events[1], consumer);
+  }
+  const int err = errno;
+  close(control[1]);
+  close(events[1]);
+  if (pid < 0) {
+    close(control[0]);
+    close(events[0]);
+    errno = err;
+    SPINDLE_THROW_ERRNO("spindle: could not fork the zygote");
+  }
+  pid_ = pid;
+  control_ = control[0];
+  events_ = events[0];
+}
+
+Zygote::~Zygote() {
+  close(control_);  // the zygote reads EOF and exits
+  close(events_);
+  int status = 0;
+  for (int i = 0; i < 200; ++i) {  // up to 1 s, then insist
+    if (waitpid(pid_, &status, WNOHANG) != 0) return;
+    usleep(5000);
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+}
+
+pid_t Zygote::spawn(const std::string& main, int worker_id, int segment_fd) {
+  if (main.size() > kMaxName) SPINDLE_THROW(std::invalid_argument, "spindle: worker main name too long: " + main);
+  Request req{};
+  req.worker_id = worker_id;
+  std::memcpy(req.main, main.data(), main.size());
+  send_fd(control_, req, segment_fd);
+  int32_t reply = 0;
+  if (recv(control_, &reply, sizeof(reply), 0) != sizeof(reply))
+    SPINDLE_THROW(std::runtime_error, "spindle: the zygote (pid " + std::to_string(pid_) + ") did not answer; it died");
+  if (reply == -EINVAL)
+    SPINDLE_THROW(std::invalid_argument, "spindle: the zygote has no worker main named '" + main +
+                                             "'; register it in the Zygote constructor");
+  if (reply < 0) {
+    errno = -reply;
+    SPINDLE_THROW_ERRNO("spindle: the zygote could not fork worker " + std::to_string(worker_id));
+  }
+  return reply;
+}
+
+std::optional<std::pair<pid_t, int>> Zygote::next_exit(std::chrono::milliseconds wait) {
+  pollfd p{events_, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(wait.count())) <= 0 || !(p.revents & POLLIN)) return std::nullopt;
+  Exit e{};
+  if (recv(events_, &e, sizeof(e), MSG_DONTWAIT) != sizeof(e)) return std::nullopt;
+  return std::make_pair(static_cast<pid_t>(e.pid), static_cast<int>(e.status));
+}
+
+}  // namespace spindle
