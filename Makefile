@@ -9,10 +9,10 @@ PIP := $(PY) -m pip
 CMAKE := $(VENV)/bin/cmake
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps
-PY_PACKAGES := scikit-build-core pybind11 pytest pytest-timeout ninja cmake torch==2.13.0
+PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0
 JOBS ?= 2
 
-.PHONY: demo test deps build-cpp build-sanitizers install-py test-cpp test-sanitizers test-py bench clean
+.PHONY: demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean
 
 demo: install-py
 	$(PY) python/examples/demo.py
@@ -36,6 +36,12 @@ $(VENV)/.deps-ok: Makefile
 
 install-py: deps
 	$(PIP) install -q --no-build-isolation .
+
+# The extension's type stubs are generated, never edited; tests/python checks
+# that the committed file matches the built module.
+stubs: install-py
+	cd /tmp && $(abspath $(VENV))/bin/pybind11-stubgen spindle._core -o $(abspath build/stubs)
+	cp build/stubs/spindle/_core.pyi python/spindle/_core.pyi
 
 # --- C++ core: plain cmake/ctest, plus sanitizer builds --------------------
 build-cpp: deps

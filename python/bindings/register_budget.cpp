@@ -15,12 +15,15 @@ std::optional<int64_t> opt(int64_t v) { return v == kUnlimited ? std::nullopt : 
 }  // namespace
 
 void register_budget(py::module_& m) {
-  py::class_<ThreadPlan>(m, "ThreadPlan")
-      .def_readonly("num_workers", &ThreadPlan::num_workers)
-      .def_readonly("arena_threads", &ThreadPlan::arena_threads)
-      .def_property_readonly("budget", [](const ThreadPlan& p) { return opt(p.budget); });
+  py::class_<ThreadPlan>(m, "ThreadPlan", "What a loader may start: worker processes and extra arena threads.")
+      .def_readonly("num_workers", &ThreadPlan::num_workers, "Worker processes, one thread each.")
+      .def_readonly("arena_threads", &ThreadPlan::arena_threads, "Extra TBB threads the consumer may run (0: only the calling thread).")
+      .def_property_readonly("budget", [](const ThreadPlan& p) { return opt(p.budget); }, "The budget the plan was cut from (None: unlimited).");
 
-  py::class_<ThreadBudget>(m, "ThreadBudget")
+  py::class_<ThreadBudget>(m, "ThreadBudget",
+                            "How many tasks (threads or processes) a loader may add, from RLIMIT_NPROC, the "
+                            "tasks this uid already runs, the cgroup's pids.max and an optional cap. Limits that "
+                            "do not apply read as None.")
       .def(py::init([](std::optional<int64_t> max_threads, std::string proc_root, std::string cgroup_root,
                        std::optional<uint32_t> uid, std::optional<int64_t> nproc_limit,
                        std::optional<bool> nproc_exempt, std::optional<int> cpus) {
@@ -38,21 +41,24 @@ void register_budget(py::module_& m) {
            py::arg("cgroup_root") = "/sys/fs/cgroup", py::arg("uid") = py::none(),
            py::arg("nproc_limit") = py::none(), py::arg("nproc_exempt") = py::none(),
            py::arg("cpus") = py::none())
-      .def_property_readonly("nproc_limit", [](const ThreadBudget& b) { return opt(b.nproc_limit()); })
-      .def_property_readonly("nproc_exempt", &ThreadBudget::nproc_exempt)
-      .def_property_readonly("uid_tasks", &ThreadBudget::uid_tasks)
-      .def_property_readonly("nproc_headroom", [](const ThreadBudget& b) { return opt(b.nproc_headroom()); })
-      .def_property_readonly("cgroup_limit", [](const ThreadBudget& b) { return opt(b.cgroup_limit()); })
-      .def_property_readonly("cgroup_current", &ThreadBudget::cgroup_current)
-      .def_property_readonly("cgroup_headroom", [](const ThreadBudget& b) { return opt(b.cgroup_headroom()); })
-      .def_property_readonly("cpus", &ThreadBudget::cpus)
-      .def_property_readonly("user_cap", [](const ThreadBudget& b) { return opt(b.user_cap()); })
-      .def_property_readonly("budget", [](const ThreadBudget& b) { return opt(b.budget()); })
-      .def("plan", &ThreadBudget::plan, py::arg("num_workers"))
+      .def_property_readonly("nproc_limit", [](const ThreadBudget& b) { return opt(b.nproc_limit()); }, "RLIMIT_NPROC soft limit (ulimit -u).")
+      .def_property_readonly("nproc_exempt", &ThreadBudget::nproc_exempt, "True for root, which the kernel exempts from RLIMIT_NPROC.")
+      .def_property_readonly("uid_tasks", &ThreadBudget::uid_tasks, "Threads of all processes of this real uid, from /proc.")
+      .def_property_readonly("nproc_headroom", [](const ThreadBudget& b) { return opt(b.nproc_headroom()); }, "nproc_limit - uid_tasks.")
+      .def_property_readonly("cgroup_limit", [](const ThreadBudget& b) { return opt(b.cgroup_limit()); }, "pids.max of the binding cgroup level.")
+      .def_property_readonly("cgroup_current", &ThreadBudget::cgroup_current, "pids.current of the binding cgroup level.")
+      .def_property_readonly("cgroup_headroom", [](const ThreadBudget& b) { return opt(b.cgroup_headroom()); }, "Smallest pids.max - pids.current over our cgroup and its ancestors.")
+      .def_property_readonly("cpus", &ThreadBudget::cpus, "CPUs this process may run on (affinity, cgroup cpu.max).")
+      .def_property_readonly("user_cap", [](const ThreadBudget& b) { return opt(b.user_cap()); }, "The max_threads cap.")
+      .def_property_readonly("budget", [](const ThreadBudget& b) { return opt(b.budget()); }, "min(nproc_headroom, cgroup_headroom, user_cap).")
+      .def("plan", &ThreadBudget::plan, py::arg("num_workers"),
+           "Plan for num_workers workers; raises ThreadBudgetError, with the numbers, if they do not fit.")
       .def("__repr__", [](const ThreadBudget& b) { return "ThreadBudget(" + b.describe() + ")"; });
 
-  m.def("count_process_threads", [](int pid) { return count_process_threads(pid); }, py::arg("pid"));
-  m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); });
+  m.def("count_process_threads", [](int pid) { return count_process_threads(pid); }, py::arg("pid"),
+        "Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.");
+  m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },
+        "Extra threads the process's TBB arena may run, as last configured by a loader.");
 }
 
 }  // namespace spindle::python
