@@ -115,7 +115,12 @@ class BatchLayout:
     def write(self, arrays: list[np.ndarray], row: int, sample: Any, index: int) -> None:
         """Copies `sample` (dataset index `index`) into row `row` of `arrays`."""
         if self._bare:
-            self._put(arrays[0], self.leaves[0], row, _as_leaf(sample, "", index), index)
+            leaf = self.leaves[0]
+            # Hot path (one array per sample): checks inlined, no helper calls.
+            if type(sample) is np.ndarray and sample.shape == leaf.shape and sample.dtype == leaf.dtype:
+                arrays[0][row] = sample
+            else:
+                self._put(arrays[0], leaf, row, _as_leaf(sample, "", index), index)
             return
         flat: list[tuple[str, np.ndarray]] = []
         tree = _flatten(sample, "", index, flat)
