@@ -114,6 +114,7 @@ void register_loader(py::module_& m) {
              if (!b) return py::none();
              return py::cast(std::move(*b));
            })
+      .def("reset", &Loader::reset, py::arg("batches"), py::call_guard<py::gil_scoped_release>())
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plan", &Loader::plan)
       .def_property_readonly("worker_pids", &Loader::worker_pids)

@@ -12,14 +12,14 @@ import numbers
 import pickle
 import warnings
 from functools import partial
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from . import _core
 from ._layout import BatchLayout
 from ._worker import run_worker, seed_worker
-from .errors import BatchFailedError, WorkerError
+from .errors import BatchFailedError, SpindleError, WorkerError
 
 __all__ = ["DataLoader"]
 
@@ -53,6 +53,8 @@ class DataLoader:
             on top of ulimit -u and the cgroup's pids.max.
         worker_init_fn: called with the worker id in each worker before it
             loads anything.
+        persistent_workers: keep the workers and the shared ring across
+            epochs (no fork per epoch; workers keep their random state).
 
     Batches are numpy arrays viewing shared memory; they are writable and stay
     valid for as long as you keep them, even after the loader is gone.
@@ -61,7 +63,8 @@ class DataLoader:
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
                  prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
-                 worker_init_fn: Optional[Callable[[int], None]] = None) -> None:
+                 worker_init_fn: Optional[Callable[[int], None]] = None,
+                 persistent_workers: bool = False) -> None:
         self.dataset = dataset
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.num_workers = _check_int("num_workers", num_workers, 0)
@@ -77,6 +80,11 @@ class DataLoader:
         self.in_order = bool(in_order)
         self.max_threads = max_threads
         self.worker_init_fn = worker_init_fn
+        if persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        self.persistent_workers = bool(persistent_workers)
+        self._workers: Optional[_core.Loader] = None
+        self._persistent_epoch = 0
         self._epoch = 0
         self._layout: Optional[BatchLayout] = None
 
@@ -110,7 +118,38 @@ class DataLoader:
         layout = self._layout_for(batches[0][0])
         if self.num_workers == 0:
             return _InProcessIterator(self, batches, layout, worker_seed)
-        return _WorkerIterator(self, batches, layout, worker_seed)
+        if not self.persistent_workers:
+            return _WorkerIterator(self._start_workers(batches, layout, worker_seed), layout, owns=True)
+        if self._workers is not None:
+            try:
+                self._workers.reset(batches)
+            except SpindleError:  # a worker died last epoch (already reported): start afresh
+                self._workers.close()
+                self._workers = None
+        if self._workers is None:
+            self._workers = self._start_workers(batches, layout, worker_seed)
+        self._persistent_epoch += 1
+        return _WorkerIterator(self._workers, layout, owns=False, owner=self, epoch=self._persistent_epoch)
+
+    def _start_workers(self, batches: list[list[int]], layout: BatchLayout, seed: int) -> _core.Loader:
+        body = partial(run_worker, dataset=self.dataset, layout=layout, base_seed=seed,
+                       worker_init_fn=self.worker_init_fn)
+        return _core.Loader(
+            batches=batches, worker_main=lambda ctx: body(ctx), num_workers=self.num_workers,
+            batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
+            prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
+            max_threads=self.max_threads)
+
+    def close(self) -> None:
+        """Stops persistent workers now (they also stop when the loader is garbage-collected)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def __del__(self) -> None:
+        workers = getattr(self, "_workers", None)
+        if workers is not None:
+            workers.close()
 
     def thread_budget(self) -> _core.ThreadBudget:
         """The budget this loader's workers are checked against, read now."""
@@ -138,19 +177,21 @@ class _InProcessIterator:
 
 
 class _WorkerIterator:
-    """Owns one runtime Loader (one epoch): its ring and its workers."""
+    """One epoch over a runtime Loader (its ring and its workers).
 
-    def __init__(self, loader: DataLoader, batches: list[list[int]], layout: BatchLayout, seed: int) -> None:
+    With persistent workers the DataLoader owns the runtime Loader and hands
+    it to each epoch's iterator; otherwise the iterator owns it and closes it
+    at the end of the epoch.
+    """
+
+    def __init__(self, runtime: _core.Loader, layout: BatchLayout, *, owns: bool,
+                 owner: Optional[DataLoader] = None, epoch: int = 0) -> None:
+        self._loader = runtime
         self._layout = layout
+        self._owns = owns
+        self._owner = owner
+        self._epoch = epoch
         self._warned_copy = False
-        self._batches = batches
-        body = partial(run_worker, dataset=loader.dataset, layout=layout, base_seed=seed,
-                       worker_init_fn=loader.worker_init_fn)
-        self._loader = _core.Loader(
-            batches=batches, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
-            batch_capacity=loader.batch_size, slot_bytes=layout.slot_bytes,
-            prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout,
-            max_threads=loader.max_threads)
 
     def __iter__(self) -> "_WorkerIterator":
         return self
@@ -166,12 +207,16 @@ class _WorkerIterator:
         return self._loader.plan
 
     def __next__(self) -> Any:
+        if self._owner is not None and self._owner._persistent_epoch != self._epoch:
+            raise RuntimeError("spindle: this iterator belongs to an earlier epoch; with persistent_workers=True "
+                               "starting a new epoch (iter(loader)) ends the previous iterator")
         try:
             lease = self._loader.next()
         except BatchFailedError as failed:
-            raise _reraise(failed, self._batches) from None
+            raise _reraise(failed) from None
         if lease is None:
-            self.close()
+            if self._owns:
+                self.close()
             raise StopIteration
         if lease.copied_out and not self._warned_copy:
             self._warned_copy = True
@@ -183,16 +228,16 @@ class _WorkerIterator:
         return self._layout.unpack(self._layout.views(lease), lease.count)
 
     def close(self) -> None:
-        """Stops the workers. Batches already delivered stay valid."""
-        self._loader.close()
+        """Stops the workers (if this iterator owns them). Batches already delivered stay valid."""
+        if self._owns:
+            self._loader.close()
 
     def __del__(self) -> None:
-        loader = getattr(self, "_loader", None)
-        if loader is not None:
-            loader.close()
+        if getattr(self, "_owns", False):
+            self._loader.close()
 
 
-def _reraise(failed: BatchFailedError, batches: Sequence[Sequence[int]]) -> BaseException:
+def _reraise(failed: BatchFailedError) -> BaseException:
     """Re-creates the worker's exception, with its traceback and sample index as a note."""
     try:
         report = pickle.loads(failed.payload)

@@ -112,12 +112,7 @@ void Loader::prepare() {
   if (options.prefetch_factor < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: prefetch_factor must be >= 1 (got " +
                                              std::to_string(options.prefetch_factor) + ")");
-  for (std::size_t b = 0; b < batches_.size(); ++b)
-    if (batches_[b].empty() || batches_[b].size() > options.batch_capacity)
-      SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(b) + " has " +
-                                               std::to_string(batches_[b].size()) +
-                                               " samples; every batch needs 1.." +
-                                               std::to_string(options.batch_capacity));
+  check_batches(batches_);
 
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;
@@ -134,6 +129,37 @@ void Loader::prepare() {
   ring_ = std::make_shared<RingStorage>(
       bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
+}
+
+void Loader::check_batches(const std::vector<std::vector<int64_t>>& batches) const {
+  for (std::size_t b = 0; b < batches.size(); ++b)
+    if (batches[b].empty() || batches[b].size() > options_.batch_capacity)
+      SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(b) + " has " +
+                                               std::to_string(batches[b].size()) +
+                                               " samples; every batch needs 1.." +
+                                               std::to_string(options_.batch_capacity));
+}
+
+void Loader::reset(std::vector<std::vector<int64_t>> batches) {
+  rethrow_if_broken();
+  if (!pool_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
+  check_batches(batches);
+  // Batches of the old epoch still in flight finish (their slots are written
+  // by workers) and are discarded; the ring is then empty of work.
+  while (!inflight_.empty()) ring_->ring.set_state(wait_for_delivery(), SlotState::kFree);
+  batches_ = std::move(batches);
+  next_post_ = 0;
+  delivered_ = 0;
+  const std::size_t room = ring_->ring.geometry().num_slots - 2;
+  const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
+  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, batches_.size(), room})));
+  post_more();
+}
+
+void Loader::rethrow_if_broken() const {
+  if (broken_.empty()) return;
+  if (broken_timeout_) throw LoaderTimeoutError(broken_);
+  throw WorkerDiedError(broken_);
 }
 
 void Loader::start() {
@@ -252,10 +278,7 @@ uint32_t Loader::wait_for_delivery() {
 }
 
 std::optional<Batch> Loader::next() {
-  if (!broken_.empty()) {
-    if (broken_timeout_) throw LoaderTimeoutError(broken_);
-    throw WorkerDiedError(broken_);
-  }
+  rethrow_if_broken();
   if (delivered_ == batches_.size()) return std::nullopt;
   post_more();
   const uint32_t s = wait_for_delivery();

@@ -67,7 +67,9 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what) : size_(bytes
                         "). Lower batch_size, prefetch_factor or num_workers, or give the machine "
                         "more /dev/shm (e.g. docker run --shm-size=...).");
     }
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: map every page now, so the consumer reading a batch takes
+    // no page faults (a 3 MiB batch would otherwise cost 768 of them).
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " for " + what + " failed");
     data_ = static_cast<std::byte*>(p);
     // Kept (close-on-exec) so the segment can be handed to workers that are

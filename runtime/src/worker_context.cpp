@@ -1,5 +1,6 @@
 #include <spindle/worker_context.hpp>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,9 +11,21 @@
 #include <spindle/error.hpp>
 
 namespace spindle {
+namespace {
+#ifdef MADV_POPULATE_WRITE
+constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kMadvPopulateWrite = 23;  // Linux 5.14+
+#endif
+}  // namespace
 
 WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent)
-    : ring_(ring), worker_id_(worker_id), parent_(parent) {}
+    : ring_(ring), worker_id_(worker_id), parent_(parent) {
+  // A forked child inherits the mapping but not its page-table entries: map
+  // the whole segment up front (one call) instead of faulting on every page
+  // of every slot it writes. Best effort: older kernels lack the flag.
+  madvise(&ring_.header(), ring_.header().total_bytes, kMadvPopulateWrite);
+}
 
 std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring_.queue();

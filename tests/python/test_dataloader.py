@@ -1,6 +1,7 @@
 """spindle.DataLoader: order, values, structure and lifetime of batches."""
 
 import gc
+import os
 import warnings
 
 import numpy as np
@@ -145,3 +146,26 @@ def test_max_threads_below_the_worker_count_raises_the_budget_error():
     loader = spindle.DataLoader(Images(10), batch_size=2, num_workers=4, max_threads=3)
     with pytest.raises(spindle.ThreadBudgetError, match="4 workers do not fit the thread budget of 3 tasks"):
         iter(loader)
+
+
+def test_persistent_workers_serve_every_epoch_with_the_same_processes():
+    """persistent_workers=True reuses the worker pids across epochs; each epoch is complete and reshuffled."""
+    loader = spindle.DataLoader(Images(700, shape=(1,)), batch_size=32, shuffle=True, seed=3, num_workers=2,
+                                persistent_workers=True)
+    epochs, pids = [], set()
+    for _ in range(3):
+        it = iter(loader)
+        epochs.append([v for b in it for v in b[:, 0].tolist()])
+        pids.add(tuple(it.worker_pids))
+    assert len(pids) == 1
+    assert all(sorted(e) == sorted(i % 251 for i in range(700)) for e in epochs)
+    assert epochs[0] != epochs[1]
+    # Abandoning an epoch midway: the next epoch still starts clean and complete.
+    it = iter(loader)
+    next(it)
+    again = [v for b in iter(loader) for v in b[:, 0].tolist()]
+    assert sorted(again) == sorted(i % 251 for i in range(700))
+    with pytest.raises(RuntimeError, match="belongs to an earlier epoch"):
+        next(it)
+    loader.close()
+    assert not any(os.path.exists(f"/proc/{p}") for p in next(iter(pids)))

@@ -90,6 +90,10 @@ class Loader {
   // (iteration may continue after it), WorkerDiedError or LoaderTimeoutError
   // (the loader is closed after those).
   std::optional<Batch> next();
+  // Starts a new epoch of `batches` on the same ring and workers (persistent
+  // workers). Batches of the previous epoch still in flight are waited for
+  // and discarded. Throws like next() if the loader failed.
+  void reset(std::vector<std::vector<int64_t>> batches);
   // Stops and reaps the workers. Delivered batches stay valid. Idempotent.
   void close() noexcept;
 
@@ -101,6 +105,8 @@ class Loader {
 
  private:
   void prepare();
+  void check_batches(const std::vector<std::vector<int64_t>>& batches) const;
+  void rethrow_if_broken() const;
   void start();
   void post_more();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
