@@ -45,15 +45,16 @@ stubs: install-py
 
 # --- C++ core: plain cmake/ctest, plus sanitizer builds --------------------
 build-cpp: deps
-	$(CMAKE) -S . -B build/cpp -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja >/dev/null
+	$(CMAKE) -S . -B build/cpp -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
+	  -DSPINDLE_BUILD_TESTS=ON -DSPINDLE_BUILD_BENCH=ON >/dev/null
 	$(CMAKE) --build build/cpp -j $(JOBS)
 
 build-sanitizers: deps
 	$(CMAKE) -S . -B build/asan -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_SANITIZE=address,undefined -DSPINDLE_BUILD_BENCH=OFF >/dev/null
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_SANITIZE=address,undefined -DSPINDLE_BUILD_TESTS=ON -DSPINDLE_BUILD_BENCH=OFF >/dev/null
 	$(CMAKE) --build build/asan -j $(JOBS)
 	$(CMAKE) -S . -B build/tsan -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV))/bin/ninja \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_SANITIZE=thread -DSPINDLE_BUILD_BENCH=OFF >/dev/null
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_SANITIZE=thread -DSPINDLE_BUILD_TESTS=ON -DSPINDLE_BUILD_BENCH=OFF >/dev/null
 	$(CMAKE) --build build/tsan -j $(JOBS)
 
 test-cpp: build-cpp
@@ -70,7 +71,7 @@ test-py: install-py
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
 bench: build-cpp install-py
-	./build/cpp/bench/cpp/ring_bench --benchmark_min_time=0.2s
+	./build/cpp/bench/cpp/ring_bench --benchmark_min_time=0.2
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
 

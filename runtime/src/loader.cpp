@@ -292,9 +292,10 @@ std::optional<Batch> Loader::next() {
     const int64_t batch = h.batch_id;
     r.set_state(s, SlotState::kFree);
     post_more();
-    throw BatchFailedError("spindle: worker " + std::to_string(worker) + " (pid " + std::to_string(pid) +
-                               ") failed to produce batch " + std::to_string(batch) + ": " + payload,
-                           worker, pid, batch, std::move(payload));
+    // Built before the throw: the payload is moved into the exception.
+    std::string what = "spindle: worker " + std::to_string(worker) + " (pid " + std::to_string(pid) +
+                       ") failed to produce batch " + std::to_string(batch) + ": " + payload;
+    throw BatchFailedError(what, worker, pid, batch, std::move(payload));
   }
   r.set_state(s, SlotState::kLeased);
   Batch batch(ring_, s);

@@ -38,7 +38,7 @@ int ShmSegment::reclaim_stale(const std::string& dir) {
     long pid = std::strtol(e->d_name + plen, nullptr, 10);
     if (pid <= 0) continue;
     if (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // owner alive
-    if (bip::shared_memory_object::remove(e->d_name)) ++removed;
+    if (unlinkat(dirfd(d), e->d_name, 0) == 0) ++removed;
   }
   closedir(d);
   return removed;

@@ -40,9 +40,7 @@ struct Region {
 
 class BatchRingLayout : public ::testing::TestWithParam<RingGeometry> {};
 
-// Proves every region starts on a 64-byte line, payloads on a 4096-byte page,
-// regions keep their documented order without overlapping, and bytes_for
-// covers the last payload byte.
+// Proves: regions 64-byte aligned, payloads page-aligned, in order, disjoint, all within bytes_for.
 TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
   const RingGeometry g = GetParam();
   TestRing t(g);
@@ -55,9 +53,13 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
   EXPECT_EQ(h.geometry.num_workers, g.num_workers);
   EXPECT_EQ(h.geometry.batch_capacity, g.batch_capacity);
   EXPECT_EQ(h.geometry.slot_bytes, g.slot_bytes);
-  EXPECT_GE(h.slot_stride, std::max<uint64_t>(g.slot_bytes, 1));
+  // Stride: the payload rounded up to a page, and at least kMinSlotStride (room
+  // for an error report).
+  const uint64_t min_stride = std::max<uint64_t>(g.slot_bytes, BatchRing::kMinSlotStride);
+  EXPECT_GE(h.slot_stride, min_stride);
   EXPECT_EQ(h.slot_stride % BatchRing::kPayloadAlign, 0u);
-  EXPECT_LT(h.slot_stride, std::max<uint64_t>(g.slot_bytes, 1) + BatchRing::kPayloadAlign) << "stride over-padded";
+  EXPECT_LT(h.slot_stride, min_stride + BatchRing::kPayloadAlign) << "stride over-padded";
+  EXPECT_EQ(t.ring.report_capacity(), h.slot_stride);
 
   const std::vector<Region> regions = {
       {"header", 0, sizeof(RingHeader)},
@@ -72,7 +74,9 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
     const Region& r = regions[i];
     EXPECT_EQ(r.begin % kCacheLine, 0u) << r.name << " is not on a cache line";
     EXPECT_LE(r.end, total) << r.name << " ends beyond bytes_for";
-    if (i > 0) EXPECT_GE(r.begin, regions[i - 1].end) << r.name << " overlaps " << regions[i - 1].name;
+    if (i > 0) {
+      EXPECT_GE(r.begin, regions[i - 1].end) << r.name << " overlaps " << regions[i - 1].name;
+    }
   }
   EXPECT_EQ(h.payload_offset % BatchRing::kPayloadAlign, 0u);
   EXPECT_EQ(regions.back().end, total) << "bytes_for should end at the last payload byte";
@@ -108,10 +112,15 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
 INSTANTIATE_TEST_SUITE_P(Geometries, BatchRingLayout,
                          ::testing::Values(RingGeometry{1, 1, 1, 1}, RingGeometry{3, 2, 5, 4095},
                                            RingGeometry{4, 0, 7, 4096}, RingGeometry{6, 3, 256, 4097},
-                                           RingGeometry{17, 7, 33, 12288}, RingGeometry{10, 8, 256, 1 << 20}));
+                                           RingGeometry{17, 7, 33, 12288}, RingGeometry{5, 2, 3, 65537},
+                                           RingGeometry{10, 8, 256, 1 << 20}),
+                         [](const ::testing::TestParamInfo<RingGeometry>& info) {
+                           const RingGeometry& g = info.param;
+                           return "slots" + std::to_string(g.num_slots) + "_workers" + std::to_string(g.num_workers) +
+                                  "_cap" + std::to_string(g.batch_capacity) + "_bytes" + std::to_string(g.slot_bytes);
+                         });
 
-// Proves the cache-line separation the layout comment promises: per-slot and
-// per-worker records and the completion counter each own a full line.
+// Proves: slot headers, worker records and the `completed` counter each own a full cache line.
 TEST(BatchRingLayoutStatic, SharedFieldsOwnTheirCacheLines) {
   EXPECT_EQ(alignof(SlotHeader), kCacheLine);
   EXPECT_EQ(sizeof(SlotHeader), kCacheLine);
@@ -122,8 +131,7 @@ TEST(BatchRingLayoutStatic, SharedFieldsOwnTheirCacheLines) {
   EXPECT_EQ(sizeof(IndexQueue) % kCacheLine, 0u);
 }
 
-// Proves a worker's view (BatchRing over the same bytes) reads the geometry
-// and offsets the consumer wrote into the header.
+// Proves: a worker's view of the same bytes finds the geometry and offsets the consumer wrote.
 TEST(BatchRingLayoutStatic, ViewOfExistingBytesReadsTheHeader) {
   const RingGeometry g{5, 2, 9, 1000};
   TestRing t(g);
@@ -135,7 +143,7 @@ TEST(BatchRingLayoutStatic, ViewOfExistingBytesReadsTheHeader) {
   EXPECT_EQ(&view.worker(1), &t.ring.worker(1));
 }
 
-// Proves create() rejects a geometry with no slots or no batch capacity.
+// Proves: create() rejects a geometry with no slots or no batch capacity.
 TEST(BatchRingLayoutStatic, CreateRejectsEmptyGeometry) {
   SharedMapping map(1 << 16);
   EXPECT_THROW(BatchRing::create(map.data(), RingGeometry{0, 1, 1, 64}), std::invalid_argument);
@@ -154,8 +162,7 @@ void post_batch(const BatchRing& r, uint32_t s, int64_t batch_id, const std::vec
   r.queue().post(s);
 }
 
-// Proves the documented transitions kFree -> kPosted -> kFilling -> kReady and
-// the worker record that tracks them, as WorkerContext performs them.
+// Proves: WorkerContext walks a slot kFree->kPosted->kFilling->kReady and keeps its record in step.
 TEST(BatchRingStateMachine, ClaimFillCommitWalksTheSlotThroughItsStates) {
   TestRing t(RingGeometry{2, 2, 4, 64});
   const BatchRing& r = t.ring;
@@ -187,31 +194,44 @@ TEST(BatchRingStateMachine, ClaimFillCommitWalksTheSlotThroughItsStates) {
   EXPECT_EQ(r.state(0), SlotState::kFree) << "the other slot must be untouched";
 }
 
-// Proves kFilling -> kFailed hands the report over in the payload, truncated
-// to the slot's bytes.
-TEST(BatchRingStateMachine, FailPublishesTheReportTruncatedToTheSlot) {
+// Proves: kFilling->kFailed carries the whole report up to report_capacity(), even past slot_bytes.
+TEST(BatchRingStateMachine, FailPublishesTheReportUpToTheReportCapacity) {
   TestRing t(RingGeometry{1, 1, 1, 16});
   const BatchRing& r = t.ring;
   WorkerContext ctx(r, 0, getppid());
+  auto report_in_slot = [&] {
+    return std::string(reinterpret_cast<const char*>(r.payload(0)), r.slot(0).error_bytes);
+  };
 
   post_batch(r, 0, 3, {11});
   auto item = ctx.claim();
   ASSERT_TRUE(item.has_value());
+  const uint32_t completed = r.header().completed.load();
   ctx.fail(*item, "short");
   EXPECT_EQ(r.state(0), SlotState::kFailed);
-  EXPECT_EQ(r.slot(0).error_bytes, 5u);
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(r.payload(0)), 5), "short");
+  EXPECT_EQ(r.header().completed.load(), completed + 1);
+  EXPECT_EQ(report_in_slot(), "short");
+  EXPECT_EQ(r.worker(0).slot.load(), -1) << "a failed worker is idle again";
 
-  r.set_state(0, SlotState::kFree);  // the consumer raised the error
+  r.set_state(0, SlotState::kFree);  // kFailed -> kFree: the consumer raised the error
   post_batch(r, 0, 4, {12});
   item = ctx.claim();
   ASSERT_TRUE(item.has_value());
-  const std::string long_report(100, 'x');
-  ctx.fail(*item, long_report);
-  EXPECT_EQ(r.slot(0).error_bytes, 16u) << "report must be cut to slot_bytes, not the padded stride";
+  const std::string traceback(1000, 't');  // far beyond slot_bytes = 16
+  ctx.fail(*item, traceback);
+  EXPECT_EQ(report_in_slot(), traceback) << "a report that fits the stride must arrive whole";
+
+  r.set_state(0, SlotState::kFree);
+  post_batch(r, 0, 5, {13});
+  item = ctx.claim();
+  ASSERT_TRUE(item.has_value());
+  const std::string huge(r.report_capacity() + 100, 'h');
+  ctx.fail(*item, huge);
+  EXPECT_EQ(r.slot(0).error_bytes, r.report_capacity());
+  EXPECT_EQ(report_in_slot(), huge.substr(0, r.report_capacity()));
 }
 
-// Proves claim() returns nullopt once the queue is closed, so workers exit.
+// Proves: claim() returns nullopt once the queue is closed, so workers exit.
 TEST(BatchRingStateMachine, ClaimReturnsNothingOnceClosed) {
   TestRing t(RingGeometry{2, 1, 1, 8});
   t.ring.queue().close();
@@ -224,10 +244,7 @@ std::byte pattern(int64_t batch, int64_t index, std::size_t j) {
   return static_cast<std::byte>((batch * 31 + index * 7 + static_cast<int64_t>(j)) & 0xff);
 }
 
-// Proves, under concurrency, the state machine's guarantees: worker threads
-// claiming and filling slots while the consumer posts only into kFree slots and
-// releases delivered ones never see a slot in the wrong state, every batch is
-// produced once, and a delivered payload is exactly what its worker wrote.
+// Proves: with racing worker threads, every batch is produced once, intact, through legal states only.
 TEST(BatchRingConcurrency, WorkerThreadsFillSlotsWhileConsumerReleasesThem) {
   constexpr uint32_t kSlots = 4, kWorkers = 3, kCap = 4, kBytes = 256;
   constexpr int64_t kBatches = 4000;

@@ -4,8 +4,16 @@
 // item: each count must end at 1.
 #include <spindle/index_queue.hpp>
 
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <atomic>
 #include <chrono>
@@ -21,6 +29,18 @@ namespace spindle {
 namespace {
 
 using spindle::testing::SharedMapping;
+
+// A lost or duplicated item needs a claimer to be overtaken by the producer
+// in a window of a few instructions, so the plain builds run many items to
+// catch it; ThreadSanitizer flags the unordered accesses on far fewer, and
+// runs every item many times slower.
+#if defined(__SANITIZE_THREAD__)
+constexpr uint32_t kThreadItems = 100000, kForkItems = 100000;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr uint32_t kThreadItems = 300000, kForkItems = 300000;
+#else
+constexpr uint32_t kThreadItems = 1000000, kForkItems = 300000;
+#endif
 using namespace std::chrono_literals;
 
 // Claim tallies: a count of claims of items never posted, then one count per item.
@@ -101,7 +121,7 @@ class SharedQueue {
   IndexQueue* queue_;
 };
 
-// Proves items come out in the order they were posted, and outstanding() counts them.
+// Proves: items come out in post order across wrap-around, and outstanding() counts them.
 TEST(IndexQueue, ClaimsInPostOrderAndCountsOutstanding) {
   SharedQueue sq(4, 0);
   IndexQueue& q = sq.queue();
@@ -120,7 +140,7 @@ TEST(IndexQueue, ClaimsInPostOrderAndCountsOutstanding) {
   }
 }
 
-// Proves close() is visible to claimers and leaves posted items claimable.
+// Proves: close() is visible to claimers and leaves posted items claimable.
 TEST(IndexQueue, CloseKeepsPostedItemsClaimable) {
   SharedQueue sq(2, 0);
   IndexQueue& q = sq.queue();
@@ -132,8 +152,7 @@ TEST(IndexQueue, CloseKeepsPostedItemsClaimable) {
   EXPECT_FALSE(q.try_claim().has_value());
 }
 
-// Proves wait() returns at once when an item is already posted or the queue is
-// closed, and otherwise sleeps about its timeout.
+// Proves: wait() returns at once when work is posted or the queue closed, else sleeps its timeout.
 TEST(IndexQueue, WaitReturnsAtOnceWhenThereIsWorkOrTheQueueIsClosed) {
   SharedQueue sq(2, 0);
   IndexQueue& q = sq.queue();
@@ -150,7 +169,71 @@ TEST(IndexQueue, WaitReturnsAtOnceWhenThereIsWorkOrTheQueueIsClosed) {
   EXPECT_LT(timed_wait(5s), 1s) << "a closed queue should end the wait";
 }
 
-// Proves a claimer asleep in wait() is woken by post() well before its timeout.
+// The producer, run from a SIGTRAP handler: posts the next item when there is room.
+IndexQueue* g_trap_queue = nullptr;
+uint32_t g_trap_next_item = 0;
+std::atomic<int> g_traps{0};  // lock-free: safe to touch in a signal handler
+void post_from_trap(int, siginfo_t*, void*) {
+  g_traps.fetch_add(1);
+  if (g_trap_queue->outstanding() < g_trap_queue->capacity()) g_trap_queue->post(g_trap_next_item++);
+}
+
+// Proves: try_claim returns the item its CAS won even when the producer reuses that entry at once.
+TEST(IndexQueue, ClaimReturnsTheItemItWonWhenTheProducerRefillsTheEntryAtOnce) {
+  // The deterministic form of the race the concurrency tests below hunt for: a
+  // hardware watchpoint on the `claimed` counter traps right after the
+  // claimer's CAS, and the trap handler plays the producer, which may post
+  // item n + capacity into entry n % capacity as soon as item n is claimed.
+  SharedQueue sq(4, 0);
+  IndexQueue& q = sq.queue();
+  // Find the `claimed` counter: the one word of the queue a claim changes.
+  q.post(1000);
+  std::vector<std::byte> before(sizeof(IndexQueue));
+  std::memcpy(before.data(), &q, before.size());
+  ASSERT_EQ(q.try_claim(), std::optional<uint32_t>(1000));
+  std::size_t claimed_offset = sizeof(IndexQueue);
+  for (std::size_t off = 0; off + 4 <= sizeof(IndexQueue); off += 4)
+    if (std::memcmp(before.data() + off, reinterpret_cast<std::byte*>(&q) + off, 4) != 0) claimed_offset = off;
+  ASSERT_LT(claimed_offset, sizeof(IndexQueue));
+
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_BREAKPOINT;
+  attr.size = sizeof(attr);
+  attr.bp_type = HW_BREAKPOINT_W;
+  attr.bp_addr = reinterpret_cast<uint64_t>(reinterpret_cast<std::byte*>(&q) + claimed_offset);
+  attr.bp_len = HW_BREAKPOINT_LEN_4;
+  attr.sample_period = 1;
+  attr.sigtrap = 1;  // SIGTRAP to this thread right after the write (Linux >= 5.13)
+  attr.remove_on_exec = 1;
+  attr.exclude_kernel = 1;
+  attr.exclude_hv = 1;
+  attr.disabled = 1;
+  const int fd = static_cast<int>(syscall(SYS_perf_event_open, &attr, 0, -1, -1, PERF_FLAG_FD_CLOEXEC));
+  if (fd < 0) GTEST_SKIP() << "no hardware watchpoints here (perf_event_open: " << std::strerror(errno) << ")";
+  struct sigaction trap {}, old_trap{};
+  trap.sa_sigaction = post_from_trap;
+  trap.sa_flags = SA_SIGINFO;
+  sigaction(SIGTRAP, &trap, &old_trap);
+
+  for (uint32_t i = 1; i <= 4; ++i) q.post(i);  // full: items 1..4
+  g_trap_queue = &q;
+  g_trap_next_item = 5;
+  g_traps = 0;
+  ioctl(fd, PERF_EVENT_IOC_ENABLE, 0);
+  const auto item = q.try_claim();  // claims item 1; the trap then posts item 5
+  ioctl(fd, PERF_EVENT_IOC_DISABLE, 0);
+  close(fd);
+  sigaction(SIGTRAP, &old_trap, nullptr);
+  if (g_traps == 0) GTEST_SKIP() << "the watchpoint never fired";
+
+  EXPECT_EQ(g_traps, 1);
+  EXPECT_EQ(item, std::optional<uint32_t>(1)) << "item 1 was lost (and the item returned will be claimed twice)";
+  std::vector<uint32_t> rest;
+  while (auto i = q.try_claim()) rest.push_back(*i);
+  EXPECT_EQ(rest, (std::vector<uint32_t>{2, 3, 4, 5}));
+}
+
+// Proves: post() wakes a claimer asleep in wait() long before its timeout.
 TEST(IndexQueueConcurrency, PostWakesASleepingClaimer) {
   SharedQueue sq(2, 1);
   IndexQueue& q = sq.queue();
@@ -169,10 +252,9 @@ TEST(IndexQueueConcurrency, PostWakesASleepingClaimer) {
   EXPECT_LT(woke - posted, 2s);
 }
 
-// Proves every item is claimed exactly once by competing claimer threads while
-// a small ring wraps around thousands of times.
+// Proves: competing claimer threads claim every item exactly once while a 4-entry ring wraps.
 TEST(IndexQueueConcurrency, ThreadClaimersClaimEveryItemExactlyOnceAcrossWrapAround) {
-  constexpr uint32_t kItems = 100000;
+  constexpr uint32_t kItems = kThreadItems;
   constexpr int kClaimers = 3;
   SharedQueue sq(4, kItems);
   std::atomic<uint64_t> total{0};
@@ -185,10 +267,9 @@ TEST(IndexQueueConcurrency, ThreadClaimersClaimEveryItemExactlyOnceAcrossWrapAro
   sq.expect_each_item_claimed_once();
 }
 
-// Proves the same with the claimers in forked processes over a MAP_SHARED
-// mapping, the way loader workers use the queue.
+// Proves: the same with claimers in forked processes over a MAP_SHARED mapping, as workers use it.
 TEST(IndexQueueConcurrency, ForkedClaimersClaimEveryItemExactlyOnceAcrossWrapAround) {
-  constexpr uint32_t kItems = 100000;
+  constexpr uint32_t kItems = kForkItems;
   constexpr int kClaimers = 3;
   SharedQueue sq(4, kItems);
   std::vector<pid_t> children;

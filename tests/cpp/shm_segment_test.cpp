@@ -47,7 +47,7 @@ class FakeShmName {
   std::string name_, path_;
 };
 
-// Proves a segment leaves no name in /dev/shm once constructed, yet is usable.
+// Proves: a constructed segment has no name left in /dev/shm, yet is usable.
 TEST(ShmSegment, IsUnlinkedAsSoonAsItIsConstructed) {
   ASSERT_TRUE(spindle_shm_names(getpid()).empty()) << "a name from before this test";
   {
@@ -65,8 +65,7 @@ TEST(ShmSegment, IsUnlinkedAsSoonAsItIsConstructed) {
   EXPECT_TRUE(spindle_shm_names(getpid()).empty());
 }
 
-// Proves a forked child shares the segment's bytes with its parent, the way
-// loader workers share the ring.
+// Proves: a forked child writes bytes its parent reads, as workers share the ring.
 TEST(ShmSegment, ForkedChildSharesTheBytes) {
   ShmSegment seg(4096, "test segment");
   std::memset(seg.data(), 0, seg.size());
@@ -81,8 +80,7 @@ TEST(ShmSegment, ForkedChildSharesTheBytes) {
   EXPECT_STREQ(reinterpret_cast<const char*>(seg.data()), "from the child");
 }
 
-// Proves reclaim_stale removes a name whose owner pid is dead and keeps one
-// whose owner is alive.
+// Proves: reclaim_stale removes a dead pid's name and keeps a live pid's.
 TEST(ShmSegment, ReclaimStaleRemovesNamesOfDeadOwnersOnly) {
   const pid_t dead = spindle::testing::reaped_pid();
   FakeShmName stale(dead);
@@ -95,16 +93,14 @@ TEST(ShmSegment, ReclaimStaleRemovesNamesOfDeadOwnersOnly) {
   EXPECT_TRUE(live.exists()) << live.name() << " belongs to this live process and must be kept";
 }
 
-// Proves constructing a segment runs the janitor, so a crash's leftovers go
-// away the next time any spindle process starts a loader.
+// Proves: constructing a segment runs the janitor, so a crash's leftovers go at the next start.
 TEST(ShmSegment, ConstructionReclaimsStaleNames) {
   FakeShmName stale(spindle::testing::reaped_pid());
   ShmSegment seg(4096, "test segment");
   EXPECT_FALSE(stale.exists());
 }
 
-// Proves reclaim_stale(dir) works on the directory it is given: it must remove
-// a dead owner's name there (and count it), not a same-named file elsewhere.
+// Proves: reclaim_stale(dir) removes (and counts) a dead name in `dir` itself, not in /dev/shm.
 TEST(ShmSegment, ReclaimStaleHonoursItsDirectoryArgument) {
   spindle::testing::TempDir dir;
   const pid_t dead = spindle::testing::reaped_pid();
@@ -125,10 +121,9 @@ enum : int {
   kLeftName = 14,
 };
 
-// Proves a segment larger than /dev/shm fails at construction with a
-// SharedMemoryError that says how much was asked, where, and what to change,
-// instead of a SIGBUS later. Runs in a child with its own 1 MiB /dev/shm.
+// Proves: too little /dev/shm fails at construction with a SharedMemoryError saying size, place, fix.
 TEST(ShmSegment, TooSmallDevShmGivesAClearSharedMemoryError) {
+  // A child with its own mount namespace mounts a 1 MiB /dev/shm and reports by exit code.
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {

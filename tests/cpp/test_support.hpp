@@ -112,6 +112,20 @@ inline bool process_gone(pid_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
+// The live children of this process, from /proc/self/task/<tid>/children.
+inline std::vector<pid_t> child_pids() {
+  std::vector<pid_t> out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/children");
+      for (pid_t pid; in >> pid;) out.push_back(pid);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
 // Polls `done` every millisecond until it holds or `timeout` passes.
 inline bool eventually(std::chrono::milliseconds timeout, const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

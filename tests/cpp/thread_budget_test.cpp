@@ -60,8 +60,7 @@ class FakeSystem : public ::testing::Test {
   TempDir dir_;
 };
 
-// Proves tasks are summed over processes whose REAL uid matches, whatever the
-// effective uid, and that non-pid entries of /proc are ignored.
+// Proves: tasks are summed over processes whose REAL uid matches; non-pid entries are skipped.
 TEST_F(FakeSystem, CountsThreadsOnlyOfProcessesWithMatchingRealUid) {
   add_process("100", kUid, kUid, 5);
   add_process("101", kUid, kUid, 3);
@@ -76,7 +75,7 @@ TEST_F(FakeSystem, CountsThreadsOnlyOfProcessesWithMatchingRealUid) {
   EXPECT_EQ(ThreadBudget(sources()).uid_tasks(), 10);
 }
 
-// Proves the RLIMIT_NPROC headroom is the limit minus our tasks, never below zero.
+// Proves: RLIMIT_NPROC headroom is the limit minus our tasks, never below zero.
 TEST_F(FakeSystem, NprocHeadroomIsLimitMinusUidTasks) {
   add_process("1", kUid, kUid, 12);
   ThreadBudget b(sources(50));
@@ -90,8 +89,7 @@ TEST_F(FakeSystem, NprocHeadroomIsLimitMinusUidTasks) {
   EXPECT_EQ(ThreadBudget(sources(kUnlimited)).nproc_headroom(), kUnlimited);
 }
 
-// Proves an exempt uid (root / CAP_SYS_RESOURCE) has no RLIMIT_NPROC bound, and
-// that uid 0 is exempt by default.
+// Proves: an exempt uid has no RLIMIT_NPROC bound, and uid 0 is exempt by default.
 TEST_F(FakeSystem, NprocExemptUidHasUnlimitedHeadroom) {
   add_process("1", kUid, kUid, 12);
   add_process("2", 0, 0, 40);
@@ -111,8 +109,7 @@ TEST_F(FakeSystem, NprocExemptUidHasUnlimitedHeadroom) {
   EXPECT_FALSE(ThreadBudget(s).nproc_exempt()) << "a non-root uid is not exempt by default";
 }
 
-// Proves with cgroup v2 every level from our cgroup up to and including the
-// root is consulted: here the root's own limit is the tightest.
+// Proves: cgroup v2 levels up to and including the root are read; here the root's limit binds.
 TEST_F(FakeSystem, CgroupV2LevelsUpToTheRootAreAllConsulted) {
   set_self_cgroup("0::/a/b/c\n");
   set_pids("a/b/c", "max", "3");  // "max": no limit at this level
@@ -127,7 +124,7 @@ TEST_F(FakeSystem, CgroupV2LevelsUpToTheRootAreAllConsulted) {
   EXPECT_EQ(b.budget(), 1);
 }
 
-// Proves a deeper level binds when it is the tightest, and reports its path.
+// Proves: our own cgroup binds when it is the tightest, and its path is reported.
 TEST_F(FakeSystem, CgroupV2LeafBindsWhenTightest) {
   set_self_cgroup("0::/a/b\n");
   set_pids("a/b", "10", "7");   // headroom 3: binds
@@ -140,7 +137,7 @@ TEST_F(FakeSystem, CgroupV2LeafBindsWhenTightest) {
   EXPECT_EQ(b.budget(), 3);
 }
 
-// Proves a middle ancestor binds over its child and parent, and is named.
+// Proves: a middle ancestor tighter than its child and parent binds, and is named.
 TEST_F(FakeSystem, CgroupV2MiddleAncestorBinds) {
   set_self_cgroup("0::/a/b/c\n");
   set_pids("a/b/c", "max", "3");
@@ -153,8 +150,7 @@ TEST_F(FakeSystem, CgroupV2MiddleAncestorBinds) {
   EXPECT_EQ(b.budget(), 5);
 }
 
-// Proves "max" at every level means no cgroup limit, and a cgroup that is over
-// its limit has zero headroom.
+// Proves: "max" at every level means no cgroup limit; a cgroup over its limit has zero headroom.
 TEST_F(FakeSystem, CgroupV2MaxMeansUnlimitedAndOverLimitMeansZero) {
   set_self_cgroup("0::/a/b\n");
   set_pids("a/b", "max", "3");
@@ -169,8 +165,7 @@ TEST_F(FakeSystem, CgroupV2MaxMeansUnlimitedAndOverLimitMeansZero) {
   EXPECT_EQ(ThreadBudget(sources(30)).budget(), 0);
 }
 
-// Proves with cgroup v1 the pids hierarchy (<root>/pids/<path>) is read, and
-// wins over the v2 line of a hybrid system.
+// Proves: cgroup v1 reads <root>/pids/<path>, which wins over the v2 line of a hybrid system.
 TEST_F(FakeSystem, CgroupV1PidsControllerIsRead) {
   set_self_cgroup("12:cpu,cpuacct:/x\n5:pids:/x/y\n1:name=systemd:/x\n0::/v2\n");
   set_pids("pids/x/y", "20", "12");  // headroom 8
@@ -183,7 +178,7 @@ TEST_F(FakeSystem, CgroupV1PidsControllerIsRead) {
   EXPECT_EQ(b.budget(), 8);
 }
 
-// Proves the user's cap binds when it is the smallest, and must not be negative.
+// Proves: the user's cap binds when smallest, and a negative cap is refused.
 TEST_F(FakeSystem, UserCapBindsWhenSmallest) {
   add_process("1", kUid, kUid, 10);
   set_self_cgroup("0::/a\n");
@@ -208,8 +203,7 @@ struct PlanCase {
 
 class ThreadPlanArithmetic : public FakeSystem, public ::testing::WithParamInterface<PlanCase> {};
 
-// Proves plan() gives the arena what the budget leaves after the workers and
-// the reserve, clamped to [0, cpus - 1].
+// Proves: arena_threads = clamp(budget - workers - kReserve, 0, cpus - 1).
 TEST_P(ThreadPlanArithmetic, ArenaGetsBudgetLeftAfterWorkersAndReserve) {
   const PlanCase c = GetParam();
   BudgetSources s = sources(c.budget);
@@ -219,9 +213,10 @@ TEST_P(ThreadPlanArithmetic, ArenaGetsBudgetLeftAfterWorkersAndReserve) {
   EXPECT_EQ(p.num_workers, c.workers);
   EXPECT_EQ(p.budget, c.budget);
   EXPECT_EQ(p.arena_threads, c.arena_threads);
-  if (c.budget != kUnlimited)
+  if (c.budget != kUnlimited) {
     EXPECT_EQ(p.arena_threads,
               std::clamp<int64_t>(c.budget - c.workers - ThreadBudget::kReserve, 0, c.cpus - 1));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, ThreadPlanArithmetic,
@@ -236,8 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ThreadPlanArithmetic,
                                            PlanCase{kUnlimited, 4, 8, 7},  // unlimited budget
                                            PlanCase{kUnlimited, 64, 2, 1}));
 
-// Proves plan() refuses workers beyond the budget with a ThreadBudgetError
-// whose message carries the numbers and names the binding limit.
+// Proves: too many workers give a ThreadBudgetError with the numbers and the binding limit.
 TEST_F(FakeSystem, PlanThrowsWithTheNumbersWhenWorkersExceedBudget) {
   add_process("1", kUid, kUid, 10);
   auto message = [](const ThreadBudget& b, int workers) -> std::string {
@@ -277,8 +271,7 @@ TEST_F(FakeSystem, PlanThrowsWithTheNumbersWhenWorkersExceedBudget) {
   EXPECT_THROW((void)ThreadBudget(capped).plan(-1), std::invalid_argument);
 }
 
-// Proves count_process_threads counts /proc/<pid>/task entries, on a fake tree
-// and on this live process while it runs one extra thread.
+// Proves: count_process_threads counts /proc/<pid>/task entries, fake and live.
 TEST_F(FakeSystem, CountsThreadsOfOneProcess) {
   for (const char* tid : {"77", "78", "79"}) write_file(dir_path() / "proc" / "77" / "task" / tid / "stat", "x");
   EXPECT_EQ(count_process_threads(77, proc()), 3);

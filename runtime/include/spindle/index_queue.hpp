@@ -8,7 +8,9 @@
 //   claimed  : count of items ever claimed. Workers advance it by CAS; the
 //              winner of the CAS from c to c+1 owns entry c.
 //   closed   : 0 while running; the consumer sets 1 to make workers exit.
-//   entries  : `capacity` uint32 items; item n lives at entries[n % capacity].
+//   entries  : `capacity` atomic uint32 items; item n lives at entries[n % capacity].
+//              A claimer reads entry c *before* its CAS from c to c+1: after
+//              the CAS the consumer may already reuse the entry.
 // Wrap-around rule: the consumer never has more than `capacity` items posted
 // and unclaimed (an item names a ring slot, and there are `capacity` slots), so
 // entry n is always claimed before n + capacity overwrites it. Counters are
@@ -32,7 +34,7 @@ inline constexpr std::size_t kCacheLine = 64;
 class IndexQueue {
  public:
   static std::size_t bytes_for(uint32_t capacity) noexcept {
-    return sizeof(IndexQueue) + sizeof(uint32_t) * capacity;
+    return sizeof(IndexQueue) + sizeof(std::atomic<uint32_t>) * capacity;
   }
 
   // Placement-initializes a queue at `mem` (bytes_for(capacity) bytes).
@@ -45,7 +47,7 @@ class IndexQueue {
   // Consumer only. Precondition: fewer than capacity items outstanding.
   void post(uint32_t item) noexcept {
     uint32_t n = posted_.load(std::memory_order_relaxed);
-    entries()[n % capacity_] = item;
+    entries()[n % capacity_].store(item, std::memory_order_relaxed);
     posted_.store(n + 1, std::memory_order_release);
     detail::futex_wake(&posted_, 1);
   }
@@ -54,9 +56,10 @@ class IndexQueue {
   [[nodiscard]] std::optional<uint32_t> try_claim() noexcept {
     uint32_t c = claimed_.load(std::memory_order_acquire);
     while (c != posted_.load(std::memory_order_acquire)) {
-      if (claimed_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) {
-        return entries()[c % capacity_];
-      }
+      // Read the entry before the CAS: once claimed_ moves past c the consumer
+      // may legally post item c + capacity into this very entry.
+      const uint32_t item = entries()[c % capacity_].load(std::memory_order_relaxed);
+      if (claimed_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) return item;
     }
     return std::nullopt;
   }
@@ -83,7 +86,9 @@ class IndexQueue {
 
  private:
   IndexQueue() = default;
-  uint32_t* entries() noexcept { return reinterpret_cast<uint32_t*>(this + 1); }
+  // Atomic: a claimer may read an entry while the consumer rewrites it (the
+  // claimer's CAS then fails and it retries).
+  std::atomic<uint32_t>* entries() noexcept { return reinterpret_cast<std::atomic<uint32_t>*>(this + 1); }
 
   // Each counter on its own cache line: workers hammer `claimed_` with CAS,
   // the consumer writes `posted_`; sharing a line would make every post and
