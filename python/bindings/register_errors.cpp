@@ -30,8 +30,13 @@ void register_errors(py::module_& m) {
     } catch (const LoaderTimeoutError& e) {
       PyErr_SetString(timeout, e.what());
     } catch (const BatchFailedError& e) {
+      // The message embeds the worker's report, which the Python layer
+      // pickles: decode leniently, the exact bytes travel in `payload`.
+      const std::string what = e.what();
+      py::object message = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(what.data(), static_cast<Py_ssize_t>(what.size()), "replace"));
       py::object inst = py::reinterpret_borrow<py::object>(failed)(
-          e.what(), e.worker_id, e.pid, e.batch_id, py::bytes(e.payload));
+          message, e.worker_id, e.pid, e.batch_id, py::bytes(e.payload));
       PyErr_SetObject(failed, inst.ptr());
     } catch (const std::system_error& e) {
       // OSError(errno, message): Python code can test .errno like for os.fork().

@@ -1,6 +1,7 @@
 // Loader (consumer side), Lease (a delivered batch) and WorkerContext (the
 // worker side). Lambdas here convert types and release the GIL, nothing else.
 #include <Python.h>
+#include <cstddef>
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
@@ -82,6 +83,11 @@ void register_loader(py::module_& m) {
         d["slot_stride"] = h.slot_stride;
         d["slot_bytes"] = h.geometry.slot_bytes;
         d["batch_capacity"] = h.geometry.batch_capacity;
+        // Where this worker records the sample it is producing (int64), so the
+        // Python loop can update it with a plain store instead of a call.
+        d["sample_record_offset"] = h.workers_offset +
+                                    sizeof(WorkerRecord) * static_cast<uint64_t>(ctx.worker_id()) +
+                                    offsetof(WorkerRecord, sample_index);
         return d;
       });
 

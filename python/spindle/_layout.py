@@ -23,6 +23,10 @@ _ALIGN = 64
 class SampleStructureError(ValueError):
     """A sample does not match the structure/shape/dtype of the first sample."""
 
+    def __init__(self, message: str, sample_index: int = -1) -> None:
+        super().__init__(message)
+        self.sample_index = sample_index
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -47,7 +51,7 @@ def _as_leaf(value: Any, path: str, index: int) -> np.ndarray:
     raise SampleStructureError(
         f"sample {index}: field {path or '<sample>'} is a {type(value).__name__}; spindle batches numpy "
         "arrays, numpy scalars, bool, int and float, nested in dicts, tuples and lists. "
-        "Convert it in __getitem__ (e.g. encode strings as integer ids).")
+        "Convert it in __getitem__ (e.g. encode strings as integer ids).", index)
 
 
 def _flatten(value: Any, path: str, index: int, out: list[tuple[str, np.ndarray]]) -> Any:
@@ -112,6 +116,33 @@ class BatchLayout:
         return _rebuild(self.tree, lambda: next(it)[:count])
 
     # ---------------------------------------------------------------- writing
+    def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:
+        """Copies `samples` (dataset indices `indices`) into rows 0.. of `arrays`.
+
+        Each field is copied with one np.concatenate into its block when every
+        sample's value is an array of exactly the expected shape and dtype;
+        anything else goes row by row through write(), which converts scalars
+        and raises the precise error.
+        """
+        if self._bare:
+            columns = [samples]
+        else:
+            columns = [[] for _ in self.leaves]
+            for sample, index in zip(samples, indices):
+                flat: list[tuple[str, np.ndarray]] = []
+                if _flatten(sample, "", index, flat) != self.tree:
+                    self.write(arrays, 0, sample, index)  # raises the structure error
+                for column, (_, value) in zip(columns, flat):
+                    column.append(value)
+        count = len(samples)
+        for dst, leaf, column in zip(arrays, self.leaves, columns):
+            shape, dtype = leaf.shape, leaf.dtype
+            if shape and all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in column):
+                np.concatenate(column, axis=0, out=dst[:count].reshape((count * shape[0],) + shape[1:]))
+            else:
+                for row, (value, index) in enumerate(zip(column, indices)):
+                    self._put(dst, leaf, row, _as_leaf(value, leaf.path, index), index)
+
     def write(self, arrays: list[np.ndarray], row: int, sample: Any, index: int) -> None:
         """Copies `sample` (dataset index `index`) into row `row` of `arrays`."""
         if self._bare:
@@ -127,7 +158,7 @@ class BatchLayout:
         if tree != self.tree:
             raise SampleStructureError(
                 f"sample {index} has structure {_describe(tree)}, but sample {self.probe_index} had "
-                f"{_describe(self.tree)}; every sample must have the same keys and nesting.")
+                f"{_describe(self.tree)}; every sample must have the same keys and nesting.", index)
         for dst, leaf, (_, value) in zip(arrays, self.leaves, flat):
             self._put(dst, leaf, row, value, index)
 
@@ -137,7 +168,7 @@ class BatchLayout:
                 f"sample {index}: field {leaf.path or '<sample>'} has shape {value.shape} and dtype "
                 f"{value.dtype}, but sample {self.probe_index} had shape {leaf.shape} and dtype "
                 f"{leaf.dtype}. spindle batches fixed-shape samples: pad, crop or cast them in "
-                "__getitem__.")
+                "__getitem__.", index)
         dst[row] = value
 
 

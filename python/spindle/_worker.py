@@ -71,6 +71,9 @@ def run_worker(ctx: Any, dataset: Any, layout: BatchLayout, base_seed: int,
     mem = ctx.memory()
     geo = ctx.layout()
     cap, stride = geo["batch_capacity"], geo["slot_stride"]
+    # The worker's crash record: the sample being loaded, read by the consumer
+    # if this process dies.
+    record = np.frombuffer(mem, dtype=np.int64, count=1, offset=geo["sample_record_offset"])
     slots: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
     try:
         while (item := ctx.claim()) is not None:
@@ -83,11 +86,18 @@ def run_worker(ctx: Any, dataset: Any, layout: BatchLayout, base_seed: int,
             indices, arrays = slots[slot]
             index = -1
             try:
-                for row, index in enumerate(indices[:item.count].tolist()):
-                    ctx.set_sample(index)
-                    layout.write(arrays, row, dataset[index], index)
+                batch_indices = indices[:item.count].tolist()
+                samples = []
+                append = samples.append
+                for index in batch_indices:
+                    record[0] = index
+                    append(dataset[index])
+                index = -1  # from here on, errors name their own sample
+                layout.write_batch(arrays, samples, batch_indices)
+                del samples
                 ctx.commit(item)
             except Exception as exc:
+                index = getattr(exc, "sample_index", index)
                 ctx.fail(item, pack_exception(exc, index, worker_id, stride))
     finally:
         sys.stdout.flush()

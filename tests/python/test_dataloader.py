@@ -169,3 +169,16 @@ def test_persistent_workers_serve_every_epoch_with_the_same_processes():
         next(it)
     loader.close()
     assert not any(os.path.exists(f"/proc/{p}") for p in next(iter(pids)))
+
+
+def test_a_sample_with_other_keys_names_the_sample_and_both_structures():
+    """A dict sample whose keys differ from sample 0 raises ValueError naming the sample and both structures."""
+
+    class Keys(Images):
+        def __getitem__(self, i):
+            return {"x": np.zeros(2), "y": i} if i != 21 else {"x": np.zeros(2), "z": i}
+
+    with pytest.raises(ValueError, match=r"sample 21 has structure \{'x': leaf, 'z': leaf\}, but sample 0 had "
+                                         r"\{'x': leaf, 'y': leaf\}") as e:
+        list(spindle.DataLoader(Keys(40), batch_size=8, num_workers=2))
+    assert e.value.sample_index == 21
