@@ -36,6 +36,18 @@ WorkerMain python_worker_main(py::function fn) {
   };
 }
 
+// An epoch's sample order (any 1-D buffer of int64, e.g. a numpy array) cut
+// into batches.
+BatchPlan plan_from(const py::buffer& order, std::size_t batch_size, bool drop_last) {
+  py::buffer_info info = order.request();
+  if (info.ndim != 1 || info.itemsize != 8 || (info.format != "l" && info.format != "q") ||
+      (info.shape[0] > 1 && info.strides[0] != 8))
+    throw py::value_error("spindle: order must be a contiguous 1-D int64 array, got format '" + info.format +
+                          "' with " + std::to_string(info.ndim) + " dimensions");
+  const auto* p = static_cast<const int64_t*>(info.ptr);
+  return BatchPlan::chunked(std::vector<int64_t>(p, p + info.shape[0]), batch_size, drop_last);
+}
+
 }  // namespace
 
 void register_loader(py::module_& m) {
@@ -92,7 +104,7 @@ void register_loader(py::module_& m) {
       });
 
   py::class_<Loader>(m, "Loader")
-      .def(py::init([](std::vector<std::vector<int64_t>> batches, py::function worker_main, int num_workers,
+      .def(py::init([](const py::buffer& order, bool drop_last, py::function worker_main, int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads) {
              LoaderOptions o;
@@ -104,10 +116,10 @@ void register_loader(py::module_& m) {
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
              o.max_threads = max_threads;
              // The GIL stays held: the fork hooks require it.
-             return new Loader(o, std::move(batches), python_worker_main(std::move(worker_main)),
-                               interpreter_fork_hooks());
+             return new Loader(o, plan_from(order, batch_capacity, drop_last),
+                               python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
            }),
-           py::kw_only(), py::arg("batches"), py::arg("worker_main"), py::arg("num_workers"),
+           py::kw_only(), py::arg("order"), py::arg("drop_last"), py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none())
       .def("next",
@@ -120,7 +132,13 @@ void register_loader(py::module_& m) {
              if (!b) return py::none();
              return py::cast(std::move(*b));
            })
-      .def("reset", &Loader::reset, py::arg("batches"), py::call_guard<py::gil_scoped_release>())
+      .def("reset",
+           [](Loader& l, const py::buffer& order, bool drop_last) {
+             BatchPlan plan = plan_from(order, l.batch_capacity(), drop_last);
+             py::gil_scoped_release release;
+             l.reset(std::move(plan));
+           },
+           py::kw_only(), py::arg("order"), py::arg("drop_last"))
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plan", &Loader::plan)
       .def_property_readonly("worker_pids", &Loader::worker_pids)

@@ -4,6 +4,7 @@ spindle's C++ runtime (private; use the spindle package).
 from __future__ import annotations
 import collections.abc
 import typing
+import typing_extensions
 __all__: list[str] = ['Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads']
 class ThreadPlan:
     """
@@ -134,13 +135,13 @@ class WorkerContext:
     def worker_id(self) -> int:
         ...
 class Loader:
-    def __init__(self, *, batches: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]], worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> None:
+    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> None:
         ...
     def close(self) -> None:
         ...
     def next(self) -> typing.Any:
         ...
-    def reset(self, batches: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]]) -> None:
+    def reset(self, *, order: typing_extensions.Buffer, drop_last: bool) -> None:
         ...
     @property
     def copied_out(self) -> int:

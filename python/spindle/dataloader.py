@@ -58,6 +58,10 @@ class DataLoader:
 
     Batches are numpy arrays viewing shared memory; they are writable and stay
     valid for as long as you keep them, even after the loader is gone.
+
+    Like torch's default collate, a worker first reads all samples of a batch,
+    then copies them into the batch: a dataset must not return one buffer that
+    it overwrites on the next ``dataset[i]`` (return a new array per item).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
@@ -92,17 +96,18 @@ class DataLoader:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _epoch_batches(self) -> tuple[list[list[int]], int]:
+    def _epoch_order(self) -> tuple[np.ndarray, int]:
+        """This epoch's sample order (int64, already cut for drop_last) and the workers' base seed."""
         n = len(self.dataset)
         epoch = self._epoch
         self._epoch += 1
         entropy = [self.seed, epoch] if self.seed is not None else None
         rng = np.random.default_rng(entropy)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
-        stop = n - n % self.batch_size if self.drop_last else n
-        batches = [order[i:i + self.batch_size].tolist() for i in range(0, stop, self.batch_size)]
+        if self.drop_last:
+            order = order[:n - n % self.batch_size]
         worker_seed = int(rng.integers(0, 2**62))
-        return batches, worker_seed
+        return np.ascontiguousarray(order, dtype=np.int64), worker_seed
 
     def _layout_for(self, first_index: int) -> BatchLayout:
         if self._layout is None:
@@ -112,30 +117,30 @@ class DataLoader:
         return self._layout
 
     def __iter__(self) -> Iterator[Any]:
-        batches, worker_seed = self._epoch_batches()
-        if not batches:
+        order, worker_seed = self._epoch_order()
+        if len(order) == 0:
             return iter(())
-        layout = self._layout_for(batches[0][0])
+        layout = self._layout_for(int(order[0]))
         if self.num_workers == 0:
-            return _InProcessIterator(self, batches, layout, worker_seed)
+            return _InProcessIterator(self, order, layout, worker_seed)
         if not self.persistent_workers:
-            return _WorkerIterator(self._start_workers(batches, layout, worker_seed), layout, owns=True)
+            return _WorkerIterator(self._start_workers(order, layout, worker_seed), layout, owns=True)
         if self._workers is not None:
             try:
-                self._workers.reset(batches)
+                self._workers.reset(order=order, drop_last=self.drop_last)
             except SpindleError:  # a worker died last epoch (already reported): start afresh
                 self._workers.close()
                 self._workers = None
         if self._workers is None:
-            self._workers = self._start_workers(batches, layout, worker_seed)
+            self._workers = self._start_workers(order, layout, worker_seed)
         self._persistent_epoch += 1
         return _WorkerIterator(self._workers, layout, owns=False, owner=self, epoch=self._persistent_epoch)
 
-    def _start_workers(self, batches: list[list[int]], layout: BatchLayout, seed: int) -> _core.Loader:
+    def _start_workers(self, order: np.ndarray, layout: BatchLayout, seed: int) -> _core.Loader:
         body = partial(run_worker, dataset=self.dataset, layout=layout, base_seed=seed,
                        worker_init_fn=self.worker_init_fn)
         return _core.Loader(
-            batches=batches, worker_main=lambda ctx: body(ctx), num_workers=self.num_workers,
+            order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx), num_workers=self.num_workers,
             batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
             prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
             max_threads=self.max_threads)
@@ -159,9 +164,11 @@ class DataLoader:
 class _InProcessIterator:
     """num_workers=0: the same layout and checks, in the calling process."""
 
-    def __init__(self, loader: DataLoader, batches: list[list[int]], layout: BatchLayout, seed: int) -> None:
+    def __init__(self, loader: DataLoader, order: np.ndarray, layout: BatchLayout, seed: int) -> None:
         self._dataset = loader.dataset
-        self._batches = iter(batches)
+        self._order = order
+        self._batch_size = loader.batch_size
+        self._next = 0
         self._layout = layout
         seed_worker(seed)
 
@@ -169,10 +176,12 @@ class _InProcessIterator:
         return self
 
     def __next__(self) -> Any:
-        indices = next(self._batches)
+        if self._next >= len(self._order):
+            raise StopIteration
+        indices = self._order[self._next:self._next + self._batch_size].tolist()
+        self._next += self._batch_size
         arrays = self._layout.allocate()
-        for row, index in enumerate(indices):
-            self._layout.write(arrays, row, self._dataset[index], index)
+        self._layout.write_batch(arrays, [self._dataset[index] for index in indices], indices)
         return self._layout.unpack(arrays, len(indices))
 
 

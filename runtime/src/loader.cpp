@@ -77,7 +77,7 @@ void Batch::copy_out() {
 
 // ---------------------------------------------------------------- consumer side
 
-Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, WorkerMain worker_main,
+Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main,
                const ForkHooks& hooks)
     : options_(options), batches_(std::move(batches)) {
   prepare();
@@ -94,7 +94,7 @@ Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> b
   start();
 }
 
-Loader::Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, Zygote& zygote,
+Loader::Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
                const std::string& main)
     : options_(options), batches_(std::move(batches)) {
   prepare();
@@ -131,16 +131,16 @@ void Loader::prepare() {
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
 }
 
-void Loader::check_batches(const std::vector<std::vector<int64_t>>& batches) const {
+void Loader::check_batches(const BatchPlan& batches) const {
   for (std::size_t b = 0; b < batches.size(); ++b)
-    if (batches[b].empty() || batches[b].size() > options_.batch_capacity)
+    if (batches.batch(b).empty() || batches.batch(b).size() > options_.batch_capacity)
       SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(b) + " has " +
-                                               std::to_string(batches[b].size()) +
+                                               std::to_string(batches.batch(b).size()) +
                                                " samples; every batch needs 1.." +
                                                std::to_string(options_.batch_capacity));
 }
 
-void Loader::reset(std::vector<std::vector<int64_t>> batches) {
+void Loader::reset(BatchPlan batches) {
   rethrow_if_broken();
   if (!pool_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
   check_batches(batches);
@@ -189,7 +189,7 @@ void Loader::post_more() {
   while (next_post_ < batches_.size() && inflight_.size() < inflight_target_) {
     while (s < n && r.state(s) != SlotState::kFree) ++s;
     if (s == n) return;  // every other slot is leased by the user
-    const auto& idx = batches_[next_post_];
+    const auto idx = batches_.batch(next_post_);
     SlotHeader& h = r.slot(s);
     h.batch_id = static_cast<int64_t>(next_post_);
     h.count = static_cast<uint32_t>(idx.size());
@@ -233,7 +233,7 @@ void Loader::check_workers() {
   if (batch >= 0) {
     const int64_t sample = rec.sample_index.load();
     doing = "while producing batch " + std::to_string(batch) + " " +
-            preview(batches_[static_cast<std::size_t>(batch)]) +
+            preview(batches_.batch(static_cast<std::size_t>(batch))) +
             (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
   }
   fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
@@ -268,7 +268,7 @@ uint32_t Loader::wait_for_delivery() {
       const uint32_t s = inflight_.front();
       const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
       fail_closed("spindle: no batch arrived within timeout=" + std::to_string(options_.timeout.count()) +
-                      " ms; waiting for batch " + std::to_string(b) + " " + preview(batches_[b]) + ", " +
+                      " ms; waiting for batch " + std::to_string(b) + " " + preview(batches_.batch(b)) + ", " +
                       describe_holder(s) +
                       ". Raise timeout, or find out why this sample is slow. The loader is closed.",
                   true);

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spindle/batch_plan.hpp>
 #include <spindle/batch_ring.hpp>
 #include <spindle/thread_budget.hpp>
 #include <spindle/worker_context.hpp>
@@ -74,13 +75,13 @@ class Batch {
 class Loader {
  public:
   // Checks the thread budget, creates the ring, forks the workers. `batches`
-  // lists the sample indices of every batch, in delivery order.
-  Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, WorkerMain worker_main,
+  // holds the sample indices of every batch, in delivery order.
+  Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main,
          const ForkHooks& hooks = {});
   // The same, with workers forked by `zygote` running its main named `main`
   // (for a caller that is already multithreaded; see zygote.hpp). The zygote
   // must outlive the loader.
-  Loader(const LoaderOptions& options, std::vector<std::vector<int64_t>> batches, Zygote& zygote,
+  Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
          const std::string& main);
   ~Loader();
   Loader(const Loader&) = delete;
@@ -93,19 +94,20 @@ class Loader {
   // Starts a new epoch of `batches` on the same ring and workers (persistent
   // workers). Batches of the previous epoch still in flight are waited for
   // and discarded. Throws like next() if the loader failed.
-  void reset(std::vector<std::vector<int64_t>> batches);
+  void reset(BatchPlan batches);
   // Stops and reaps the workers. Delivered batches stay valid. Idempotent.
   void close() noexcept;
 
   const ThreadPlan& plan() const noexcept { return plan_; }
   std::vector<pid_t> worker_pids() const;
   std::size_t num_batches() const noexcept { return batches_.size(); }
+  uint32_t batch_capacity() const noexcept { return options_.batch_capacity; }
   uint32_t num_slots() const noexcept;
   int64_t copied_out() const noexcept { return copied_out_; }
 
  private:
   void prepare();
-  void check_batches(const std::vector<std::vector<int64_t>>& batches) const;
+  void check_batches(const BatchPlan& batches) const;
   void rethrow_if_broken() const;
   void start();
   void post_more();
@@ -117,7 +119,7 @@ class Loader {
 
   LoaderOptions options_;
   ThreadPlan plan_;
-  std::vector<std::vector<int64_t>> batches_;
+  BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
