@@ -48,6 +48,8 @@ def _as_leaf(value: Any, path: str, index: int) -> np.ndarray:
         return np.asarray(value, dtype=np.int64)
     if isinstance(value, float):
         return np.asarray(value, dtype=np.float64)
+    if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):
+        return np.asarray(value)  # e.g. a CPU torch.Tensor: a view, no copy
     raise SampleStructureError(
         f"sample {index}: field {path or '<sample>'} is a {type(value).__name__}; spindle batches numpy "
         "arrays, numpy scalars, bool, int and float, nested in dicts, tuples and lists. "
@@ -69,15 +71,17 @@ def _flatten(value: Any, path: str, index: int, out: list[tuple[str, np.ndarray]
     return None
 
 
-def _rebuild(tree: Any, leaves: Callable[[], Any]) -> Any:
+def _rebuild(tree: Any, leaves: Callable[[], Any], tuples_as_lists: bool = False) -> Any:
     if tree is None:
         return leaves()
     kind, cls, children = tree
     if kind == "dict":
-        return cls((k, _rebuild(c, leaves)) for k, c in children)
+        return cls((k, _rebuild(c, leaves, tuples_as_lists)) for k, c in children)
     if kind == "namedtuple":
-        return cls(*(_rebuild(c, leaves) for c in children))
-    return cls(_rebuild(c, leaves) for c in children)
+        return cls(*(_rebuild(c, leaves, tuples_as_lists) for c in children))
+    if kind == "tuple" and tuples_as_lists:
+        cls = list
+    return cls(_rebuild(c, leaves, tuples_as_lists) for c in children)
 
 
 class BatchLayout:
@@ -110,10 +114,17 @@ class BatchLayout:
         """Private (non-shared) arrays for an in-process batch."""
         return [np.empty((self.batch_capacity,) + leaf.shape, leaf.dtype) for leaf in self.leaves]
 
-    def unpack(self, arrays: list[np.ndarray], count: int) -> Any:
-        """The user-facing batch: the first `count` rows, in the sample's structure."""
+    def unpack(self, arrays: list[np.ndarray], count: int, convert: Callable[[np.ndarray], Any] = None,
+               tuples_as_lists: bool = False) -> Any:
+        """The user-facing batch: the first `count` rows, in the sample's structure.
+
+        `convert` maps each field's array (e.g. to a tensor); `tuples_as_lists`
+        follows torch's default_collate, which returns a list for a tuple.
+        """
         it = iter(arrays)
-        return _rebuild(self.tree, lambda: next(it)[:count])
+        if convert is None:
+            return _rebuild(self.tree, lambda: next(it)[:count], tuples_as_lists)
+        return _rebuild(self.tree, lambda: convert(next(it)[:count]), tuples_as_lists)
 
     # ---------------------------------------------------------------- writing
     def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:

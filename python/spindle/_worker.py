@@ -58,15 +58,50 @@ def seed_worker(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-def run_worker(ctx: Any, dataset: Any, layout: BatchLayout, base_seed: int,
-               worker_init_fn: Optional[Callable[[int], None]]) -> int:
+class PickledBatches:
+    """The general path: a batch of any Python objects, pickled into its slot.
+
+    Used when samples do not fit a fixed layout (strings, variable shapes) or
+    a custom collate function runs in the worker. Slot payload: an 8-byte
+    little-endian length, then the pickle.
+    """
+
+    HEADER = 8
+
+    def __init__(self, collate: Callable[[list[Any]], Any], slot_bytes: int) -> None:
+        self.collate = collate
+        self.slot_bytes = slot_bytes
+
+    def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:
+        payload = arrays[0]
+        blob = pickle.dumps(self.collate(samples), protocol=pickle.HIGHEST_PROTOCOL)
+        room = self.slot_bytes - self.HEADER
+        if len(blob) > room:
+            raise ValueError(
+                f"spindle: the collated batch of samples {indices[:4]}... pickles to {len(blob)} bytes, more "
+                f"than a slot holds ({room} bytes, sized from the first batch). Make batches more uniform in "
+                "size, or return fixed-shape arrays so they take the zero-copy path.")
+        payload[:self.HEADER] = np.frombuffer(len(blob).to_bytes(self.HEADER, "little"), np.uint8)
+        payload[self.HEADER:self.HEADER + len(blob)] = np.frombuffer(blob, np.uint8)
+
+    def views(self, buffer: Any) -> list[np.ndarray]:
+        return [np.frombuffer(buffer, dtype=np.uint8, count=self.slot_bytes)]
+
+    def read(self, buffer: Any) -> Any:
+        raw = memoryview(buffer)
+        n = int.from_bytes(raw[:self.HEADER], "little")
+        return pickle.loads(raw[self.HEADER:self.HEADER + n])
+
+
+def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None]) -> int:
+    """Claims batches until the loader closes. `layout` is a BatchLayout or
+    PickledBatches; `setup(worker_id, num_workers)` seeds the worker and runs
+    the user's init function before any sample is read."""
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_id = ctx.worker_id
-    seed_worker(base_seed + worker_id)
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
+    setup(worker_id, ctx.num_workers)
 
     mem = ctx.memory()
     geo = ctx.layout()

@@ -123,8 +123,9 @@ class DataLoader:
         layout = self._layout_for(int(order[0]))
         if self.num_workers == 0:
             return _InProcessIterator(self, order, layout, worker_seed)
+        decode = partial(_decode_arrays, layout)
         if not self.persistent_workers:
-            return _WorkerIterator(self._start_workers(order, layout, worker_seed), layout, owns=True)
+            return _WorkerIterator(self._start_workers(order, layout, worker_seed), decode, owns=True)
         if self._workers is not None:
             try:
                 self._workers.reset(order=order, drop_last=self.drop_last)
@@ -134,11 +135,11 @@ class DataLoader:
         if self._workers is None:
             self._workers = self._start_workers(order, layout, worker_seed)
         self._persistent_epoch += 1
-        return _WorkerIterator(self._workers, layout, owns=False, owner=self, epoch=self._persistent_epoch)
+        return _WorkerIterator(self._workers, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
     def _start_workers(self, order: np.ndarray, layout: BatchLayout, seed: int) -> _core.Loader:
-        body = partial(run_worker, dataset=self.dataset, layout=layout, base_seed=seed,
-                       worker_init_fn=self.worker_init_fn)
+        body = partial(run_worker, dataset=self.dataset, layout=layout,
+                       setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         return _core.Loader(
             order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx), num_workers=self.num_workers,
             batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
@@ -159,6 +160,17 @@ class DataLoader:
     def thread_budget(self) -> _core.ThreadBudget:
         """The budget this loader's workers are checked against, read now."""
         return _core.ThreadBudget(max_threads=self.max_threads)
+
+
+def _decode_arrays(layout: BatchLayout, lease: _core.Lease) -> Any:
+    return layout.unpack(layout.views(lease), lease.count)
+
+
+def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
+                  worker_init_fn: Optional[Callable[[int], None]]) -> None:
+    seed_worker(base_seed + worker_id)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
 
 
 class _InProcessIterator:
@@ -193,10 +205,10 @@ class _WorkerIterator:
     at the end of the epoch.
     """
 
-    def __init__(self, runtime: _core.Loader, layout: BatchLayout, *, owns: bool,
-                 owner: Optional[DataLoader] = None, epoch: int = 0) -> None:
+    def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Lease], Any], *, owns: bool,
+                 owner: Optional[Any] = None, epoch: int = 0) -> None:
         self._loader = runtime
-        self._layout = layout
+        self._decode = decode
         self._owns = owns
         self._owner = owner
         self._epoch = epoch
@@ -234,7 +246,7 @@ class _WorkerIterator:
                 "batch you kept, so this batch (and later ones while that lasts) was copied out of "
                 "shared memory to keep loading. Drop references to old batches (or copy what you "
                 "keep) to stay zero-copy.", RuntimeWarning, stacklevel=2)
-        return self._layout.unpack(self._layout.views(lease), lease.count)
+        return self._decode(lease)
 
     def close(self) -> None:
         """Stops the workers (if this iterator owns them). Batches already delivered stay valid."""
