@@ -38,14 +38,23 @@ WorkerMain python_worker_main(py::function fn) {
 
 // An epoch's sample order (any 1-D buffer of int64, e.g. a numpy array) cut
 // into batches.
-BatchPlan plan_from(const py::buffer& order, std::size_t batch_size, bool drop_last) {
-  py::buffer_info info = order.request();
+std::vector<int64_t> int64_vector(const py::buffer& buf, const char* name) {
+  py::buffer_info info = buf.request();
   if (info.ndim != 1 || info.itemsize != 8 || (info.format != "l" && info.format != "q") ||
       (info.shape[0] > 1 && info.strides[0] != 8))
-    throw py::value_error("spindle: order must be a contiguous 1-D int64 array, got format '" + info.format +
-                          "' with " + std::to_string(info.ndim) + " dimensions");
+    throw py::value_error(std::string("spindle: ") + name + " must be a contiguous 1-D int64 array, got format '" +
+                          info.format + "' with " + std::to_string(info.ndim) + " dimensions");
   const auto* p = static_cast<const int64_t*>(info.ptr);
-  return BatchPlan::chunked(std::vector<int64_t>(p, p + info.shape[0]), batch_size, drop_last);
+  return std::vector<int64_t>(p, p + info.shape[0]);
+}
+
+// An epoch's sample order cut into batches: of batch_size each, or where
+// `starts` (batch b = order[starts[b]:starts[b+1]]) says.
+BatchPlan plan_from(const py::buffer& order, std::size_t batch_size, bool drop_last, const py::object& starts) {
+  std::vector<int64_t> indices = int64_vector(order, "order");
+  if (starts.is_none()) return BatchPlan::chunked(std::move(indices), batch_size, drop_last);
+  std::vector<int64_t> s = int64_vector(starts, "starts");
+  return BatchPlan(std::move(indices), std::vector<std::size_t>(s.begin(), s.end()));
 }
 
 }  // namespace
@@ -104,7 +113,8 @@ void register_loader(py::module_& m) {
       });
 
   py::class_<Loader>(m, "Loader")
-      .def(py::init([](const py::buffer& order, bool drop_last, py::function worker_main, int num_workers,
+      .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
+                       int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads) {
              LoaderOptions o;
@@ -116,10 +126,11 @@ void register_loader(py::module_& m) {
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
              o.max_threads = max_threads;
              // The GIL stays held: the fork hooks require it.
-             return new Loader(o, plan_from(order, batch_capacity, drop_last),
+             return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
                                python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
            }),
-           py::kw_only(), py::arg("order"), py::arg("drop_last"), py::arg("worker_main"), py::arg("num_workers"),
+           py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none(),
+           py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none())
       .def("next",
@@ -133,12 +144,12 @@ void register_loader(py::module_& m) {
              return py::cast(std::move(*b));
            })
       .def("reset",
-           [](Loader& l, const py::buffer& order, bool drop_last) {
-             BatchPlan plan = plan_from(order, l.batch_capacity(), drop_last);
+           [](Loader& l, const py::buffer& order, bool drop_last, const py::object& starts) {
+             BatchPlan plan = plan_from(order, l.batch_capacity(), drop_last, starts);
              py::gil_scoped_release release;
              l.reset(std::move(plan));
            },
-           py::kw_only(), py::arg("order"), py::arg("drop_last"))
+           py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none())
       .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("plan", &Loader::plan)
       .def_property_readonly("worker_pids", &Loader::worker_pids)

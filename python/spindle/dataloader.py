@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _core
 from ._layout import BatchLayout
+from ._probe import run_forked
 from ._worker import run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -111,9 +112,10 @@ class DataLoader:
 
     def _layout_for(self, first_index: int) -> BatchLayout:
         if self._layout is None:
-            # One sample read in the calling process fixes the slot layout.
-            probe = self.dataset[first_index]
-            self._layout = BatchLayout(probe, first_index, self.batch_size)
+            # One sample fixes the slot layout. It is read in a throwaway fork
+            # (as worker 0 would), so dataset code never runs in this process.
+            dataset, batch_size = self.dataset, self.batch_size
+            self._layout = run_forked(lambda: BatchLayout(dataset[first_index], first_index, batch_size))
         return self._layout
 
     def __iter__(self) -> Iterator[Any]:

@@ -15,6 +15,15 @@ BatchPlan::BatchPlan(const std::vector<std::vector<int64_t>>& batches) {
   }
 }
 
+BatchPlan::BatchPlan(std::vector<int64_t> indices, std::vector<std::size_t> starts)
+    : indices_(std::move(indices)), starts_(std::move(starts)) {
+  bool ok = !starts_.empty() && starts_.front() == 0 && starts_.back() == indices_.size();
+  for (std::size_t b = 1; ok && b < starts_.size(); ++b) ok = starts_[b - 1] <= starts_[b];
+  if (!ok)
+    SPINDLE_THROW(std::invalid_argument, "spindle: batch starts must rise from 0 to the number of indices (" +
+                                             std::to_string(indices_.size()) + ")");
+}
+
 BatchPlan BatchPlan::chunked(std::vector<int64_t> order, std::size_t batch_size, bool drop_last) {
   if (batch_size == 0) SPINDLE_THROW(std::invalid_argument, "spindle: batch_size must be >= 1");
   BatchPlan p;

@@ -15,6 +15,9 @@ class BatchPlan {
   BatchPlan() = default;
   // One batch per inner vector (convenient for small, hand-made plans).
   BatchPlan(const std::vector<std::vector<int64_t>>& batches);  // NOLINT: implicit on purpose
+  // Batch b is indices[starts[b], starts[b+1]); starts has one more entry
+  // than there are batches, starts at 0 and ends at indices.size().
+  BatchPlan(std::vector<int64_t> indices, std::vector<std::size_t> starts);
   // `order` cut into batches of `batch_size`; the last one may be shorter
   // unless `drop_last`.
   static BatchPlan chunked(std::vector<int64_t> order, std::size_t batch_size, bool drop_last = false);

@@ -1,0 +1,217 @@
+"""spindle.torch.DataLoader: torch.utils.data.DataLoader's interface on spindle's workers.
+
+Change one import line::
+
+    from spindle.torch import DataLoader   # was: from torch.utils.data import DataLoader
+
+Arguments, their validation (same exception types and messages), samplers,
+batch samplers, the generator, ``len()`` and the batch order are torch's own:
+this class builds a ``torch.utils.data.DataLoader`` for them and never lets it
+start a worker. What changes is how batches travel: spindle's forked,
+single-threaded workers write them into shared memory, and you get tensors
+that are zero-copy views of it (writable, valid for as long as you keep them).
+
+Two transports, chosen from the first batch:
+
+- **zero-copy** (default collate, samples made of tensors, numpy arrays and
+  numbers of fixed shape): each field is written straight into its block of
+  a slot and arrives as ``torch.from_numpy`` of it, exactly as
+  ``default_collate`` would have built it (dicts, namedtuples; tuples become
+  lists, like default_collate).
+- **pickled** (a custom ``collate_fn``, strings or other objects, or
+  ``batch_size=None``): the worker runs the collate function and pickles the
+  batch into its slot; the consumer unpickles it. No pipes, no feeder threads.
+
+Differences from torch are listed in docs/torch_dropin.md.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import warnings
+from functools import partial
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader as _TorchDataLoader
+from torch.utils.data import IterableDataset
+from torch.utils.data._utils import worker as _torch_worker
+from torch.utils.data._utils.collate import default_collate
+
+from . import _core
+from ._layout import BatchLayout, SampleStructureError
+from ._probe import run_forked
+from ._worker import PickledBatches, run_worker
+from .dataloader import _WorkerIterator
+
+__all__ = ["DataLoader"]
+
+_MIN_PICKLE_SLOT = 64 * 1024
+
+
+class DataLoader:
+    """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults."""
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[list], Any]] = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
+                 generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True) -> None:
+        # torch validates every argument and builds the samplers; it starts no
+        # worker until iterated, and we never iterate it with workers.
+        self._torch = _TorchDataLoader(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order)
+        if num_workers > 0 and isinstance(dataset, IterableDataset):
+            raise NotImplementedError(
+                "spindle.torch.DataLoader: IterableDataset with num_workers > 0 is not supported yet; "
+                "use torch.utils.data.DataLoader for it, or a map-style dataset")
+        context = multiprocessing_context
+        if num_workers > 0 and context is not None and getattr(context, "get_start_method", lambda: context)() != "fork":
+            raise NotImplementedError(
+                f"spindle.torch.DataLoader: multiprocessing_context={context!r} is not supported yet; spindle "
+                "forks its workers (use None or 'fork')")
+        self._user_collate = collate_fn is not None
+        self._runtime: Optional[_core.Loader] = None
+        self._layout: Any = None
+        self._capacity = 0
+        self._base_seed = 0
+        self._runtime_epoch = 0
+        self._persistent_epoch = 0
+
+    # torch's public attributes, read-through.
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_torch":
+            raise AttributeError(name)
+        return getattr(self._torch, name)
+
+    def __len__(self) -> int:
+        return len(self._torch)
+
+    def __iter__(self) -> Any:
+        loader = self._torch
+        if loader.num_workers == 0:
+            return iter(loader)  # single process: torch's own loop is already what spindle would do
+        if loader.pin_memory and not torch.cuda.is_available():
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used.", stacklevel=2)
+        # The same draws from `generator`, in the same order, as torch's
+        # iterator: persistent workers keep the base seed of their first epoch.
+        sampler_iter = iter(loader._index_sampler)
+        reuse = self.persistent_workers and self._runtime is not None
+        if reuse:
+            base_seed = self._base_seed
+        else:
+            base_seed = self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        if loader._auto_collation:
+            batches = [list(b) for b in sampler_iter]
+        else:
+            batches = [[i] for i in sampler_iter]
+        if not batches:
+            return iter(())
+        order = np.fromiter((i for b in batches for i in b), dtype=np.int64)
+        starts = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
+        capacity = max(len(b) for b in batches)
+        if reuse and capacity > self._capacity:  # this epoch's batches outgrow the workers' slots
+            self.close()
+            reuse = False
+        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+                        worker_init_fn=loader.worker_init_fn)
+        # Slots are sized from the first batch, read in a throwaway fork set
+        # up as worker 0: dataset code never runs in this process.
+        if reuse:
+            layout = self._layout  # the workers' layout is fixed for their lifetime
+        else:
+            kind, found = run_forked(partial(self._probe, batches[0], capacity, setup))
+            if kind == "layout":
+                layout = found
+            else:
+                collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+                layout = PickledBatches(collate, found)
+            self._layout, self._capacity = layout, capacity
+        decode = _decoder(layout)
+        pin = loader.pin_memory and torch.cuda.is_available()
+        if pin:
+            from torch.utils.data._utils.pin_memory import pin_memory as _pin
+            decode = (lambda d: lambda lease: _pin(d(lease)))(decode)
+
+        if self.persistent_workers and self._runtime is not None:
+            try:
+                self._runtime.reset(order=order, starts=starts)
+                self._persistent_epoch += 1
+                return _WorkerIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+            except Exception:
+                self._runtime.close()
+                self._runtime = None
+        body = partial(run_worker, dataset=loader.dataset, layout=layout, setup=setup)
+        runtime = _core.Loader(
+            order=order, starts=starts, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
+            batch_capacity=self._capacity, slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor,
+            in_order=loader.in_order, timeout=loader.timeout)
+        if not self.persistent_workers:
+            return _WorkerIterator(runtime, decode, owns=True)
+        self._runtime = runtime
+        self._persistent_epoch += 1
+        return _WorkerIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+
+    def _probe(self, first_batch: list[int], capacity: int, setup: Callable[[int, int], None]) -> Any:
+        """In the probe process: ("layout", BatchLayout) when default collate meets
+        fixed-shape samples, else ("pickled", slot bytes sized from the first batch)."""
+        loader = self._torch
+        dataset = loader.dataset
+        setup(0, loader.num_workers)
+        if loader._auto_collation and not self._user_collate:
+            try:
+                return "layout", BatchLayout(dataset[first_batch[0]], first_batch[0], capacity)
+            except SampleStructureError:
+                pass
+        collate = loader.collate_fn
+        if not loader._auto_collation:
+            collate = partial(_convert_one, collate)
+        size = len(pickle.dumps(collate([dataset[i] for i in first_batch]), protocol=pickle.HIGHEST_PROTOCOL))
+        return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
+
+    def close(self) -> None:
+        """Stops persistent workers now."""
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
+
+    def __del__(self) -> None:
+        runtime = self.__dict__.get("_runtime")
+        if runtime is not None:
+            runtime.close()
+
+
+def _decoder(layout: Any) -> Callable[[Any], Any]:
+    if isinstance(layout, PickledBatches):
+        return layout.read
+
+    def decode(lease: Any) -> Any:
+        return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy, tuples_as_lists=True)
+    return decode
+
+
+def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
+    return convert(samples[0])  # batch_size=None: one sample per "batch", no collation
+
+
+def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dataset: Any,
+                        worker_init_fn: Optional[Callable[[int], None]]) -> None:
+    """What torch's worker loop does before reading data: one intra-op thread,
+    per-worker seeds for random/torch/numpy, get_worker_info(), the init hook."""
+    torch.set_num_threads(1)
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+    _torch_worker._worker_info = _torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
