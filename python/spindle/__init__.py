@@ -1,4 +1,8 @@
-"""spindle: a multi-process data loader with one thread budget and shared-memory batches."""
+"""spindle: a multi-process data loader with one thread budget and shared-memory batches.
+
+`spindle.torch.DataLoader` (imported on demand, it needs torch) is the drop-in for
+torch.utils.data.DataLoader.
+"""
 
 from . import errors
 from ._core import ThreadBudget, ThreadPlan, count_process_threads

@@ -182,3 +182,24 @@ def test_a_sample_with_other_keys_names_the_sample_and_both_structures():
                                          r"\{'x': leaf, 'y': leaf\}") as e:
         list(spindle.DataLoader(Keys(40), batch_size=8, num_workers=2))
     assert e.value.sample_index == 21
+
+
+def test_dataset_code_never_runs_in_the_consumer():
+    """The layout probe reads sample 0 in a throwaway fork: a lazily opened handle is never opened by the consumer."""
+
+    class LazyHandle(Images):
+        opened_by: set = set()
+
+        def __getitem__(self, i):
+            if getattr(self, "_opened_in", None) != os.getpid():
+                self._opened_in = os.getpid()  # e.g. h5py.File(...) / lmdb.open(...) on first use
+                if os.getpid() == consumer:
+                    raise AssertionError("dataset opened its handle in the consumer process")
+            return super().__getitem__(i)
+
+    consumer = os.getpid()
+    ds = LazyHandle(300)
+    got = [v for b in spindle.DataLoader(ds, batch_size=30, num_workers=2, shuffle=True, seed=0)
+           for v in labels(b)]
+    assert sorted(got) == sorted(i % 251 for i in range(300))
+    assert getattr(ds, "_opened_in", None) is None
