@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
+#include <spindle/ring_copy.hpp>
 
 #include "register.hpp"
 
@@ -57,6 +58,38 @@ BatchPlan plan_from(const py::buffer& order, std::size_t batch_size, bool drop_l
   return BatchPlan(std::move(indices), std::vector<std::size_t>(s.begin(), s.end()));
 }
 
+// Copies each of `rows` (C-contiguous buffers of exactly row_bytes) into
+// consecutive rows of `dst`. Returns false, copying nothing, if a row is not
+// such a buffer (the caller then takes its general path).
+bool gather_rows(const py::buffer& dst, const py::list& rows, std::size_t row_bytes) {
+  py::buffer_info out = dst.request(/*writable=*/true);
+  const std::size_t n = rows.size();
+  if (static_cast<std::size_t>(out.size * out.itemsize) < n * row_bytes) return false;
+  std::vector<Py_buffer> views(n);
+  std::size_t taken = 0;
+  bool ok = true;
+  for (; taken < n; ++taken) {
+    if (PyObject_GetBuffer(rows[taken].ptr(), &views[taken], PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      ok = false;
+      break;
+    }
+    if (static_cast<std::size_t>(views[taken].len) != row_bytes) {
+      ++taken;
+      ok = false;
+      break;
+    }
+  }
+  if (ok) {
+    py::gil_scoped_release release;
+    auto* base = static_cast<char*>(out.ptr);
+    for (std::size_t i = 0; i < n; ++i) copy_into_ring(base + i * row_bytes, views[i].buf, row_bytes);
+    ring_copy_fence();
+  }
+  for (std::size_t i = 0; i < taken; ++i) PyBuffer_Release(&views[i]);
+  return ok;
+}
+
 }  // namespace
 
 void register_loader(py::module_& m) {
@@ -72,6 +105,10 @@ void register_loader(py::module_& m) {
       .def_property_readonly("indices",
                              [](const Batch& b) { return std::vector<int64_t>(b.indices().begin(), b.indices().end()); })
       .def_property_readonly("copied_out", &Batch::copied_out);
+
+  m.def("gather_rows", &gather_rows, py::arg("dst"), py::arg("rows"), py::arg("row_bytes"),
+        "Copies C-contiguous buffers of row_bytes each into consecutive rows of dst with streaming "
+        "stores; False (nothing copied) if a row is not such a buffer.");
 
   py::class_<WorkItem>(m, "WorkItem")
       .def_readonly("slot", &WorkItem::slot)

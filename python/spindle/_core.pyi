@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads']
+__all__: list[str] = ['Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -165,4 +165,8 @@ def arena_extra_threads() -> int:
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
     Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.
+    """
+def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    Copies C-contiguous buffers of row_bytes each into consecutive rows of dst with streaming stores; False (nothing copied) if a row is not such a buffer.
     """

@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._core import gather_rows
+
 _ALIGN = 64
 
 
@@ -130,8 +132,9 @@ class BatchLayout:
     def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:
         """Copies `samples` (dataset indices `indices`) into rows 0.. of `arrays`.
 
-        Each field is copied with one np.concatenate into its block when every
-        sample's value is an array of exactly the expected shape and dtype;
+        Each field is copied in one call (streaming stores, or np.concatenate
+        for non-contiguous rows) into its block when every sample's value is an
+        array of exactly the expected shape and dtype;
         anything else goes row by row through write(), which converts scalars
         and raises the precise error.
         """
@@ -149,7 +152,8 @@ class BatchLayout:
         for dst, leaf, column in zip(arrays, self.leaves, columns):
             shape, dtype = leaf.shape, leaf.dtype
             if shape and all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in column):
-                np.concatenate(column, axis=0, out=dst[:count].reshape((count * shape[0],) + shape[1:]))
+                if not gather_rows(dst[:count], column, leaf.sample_bytes):  # a row is not contiguous
+                    np.concatenate(column, axis=0, out=dst[:count].reshape((count * shape[0],) + shape[1:]))
             else:
                 for row, (value, index) in enumerate(zip(column, indices)):
                     self._put(dst, leaf, row, _as_leaf(value, leaf.path, index), index)

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <spindle/error.hpp>
+#include <spindle/ring_copy.hpp>
 
 namespace spindle {
 namespace {
@@ -47,6 +48,7 @@ std::optional<WorkItem> WorkerContext::claim() {
 }
 
 void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
+  ring_copy_fence();  // streaming stores (copy_into_ring) land before the slot is published
   ring_.publish(item.slot, st);
   WorkerRecord& rec = ring_.worker(worker_id_);
   rec.slot.store(-1, std::memory_order_relaxed);

@@ -203,3 +203,21 @@ def test_dataset_code_never_runs_in_the_consumer():
            for v in labels(b)]
     assert sorted(got) == sorted(i % 251 for i in range(300))
     assert getattr(ds, "_opened_in", None) is None
+
+
+def test_non_contiguous_samples_are_batched_correctly():
+    """Samples that are strided views (not C-contiguous) take the general copy and keep their values."""
+
+    class Strided(Images):
+        def __init__(self):
+            super().__init__(64)
+            self.data = np.arange(64 * 6 * 4, dtype=np.float32).reshape(64, 6, 4)
+
+        def __getitem__(self, i):
+            return self.data[i].T if i % 2 else self.data[i, ::-1].T.copy()  # mixed: views and copies
+
+    ds = Strided()
+    batches = list(spindle.DataLoader(ds, batch_size=16, num_workers=2))
+    got = np.concatenate(batches)
+    want = np.stack([ds[i] for i in range(64)])
+    np.testing.assert_array_equal(got, want)
