@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._layout import BatchLayout
+from ._caps import cap_worker_pools
 
 
 def pack_exception(exc: BaseException, index: int, worker_id: int, limit: int) -> bytes:
@@ -100,8 +100,18 @@ def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], 
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cap_worker_pools()  # before any user code can start a pool
     worker_id = ctx.worker_id
-    setup(worker_id, ctx.num_workers)
+    try:
+        setup(worker_id, ctx.num_workers)
+    except Exception as exc:
+        # worker_init_fn (or seeding) failed: hand the exception to the
+        # consumer through the first batch this worker claims, then stop.
+        item = ctx.claim()
+        if item is not None:
+            exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn), before any sample.")
+            ctx.fail(item, pack_exception(exc, -1, worker_id, ctx.layout()["slot_stride"]))
+        return 1
 
     mem = ctx.memory()
     geo = ctx.layout()

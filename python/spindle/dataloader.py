@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import _core
+from ._caps import ThreadWatchdog
 from ._layout import BatchLayout
 from ._probe import run_forked
 from ._worker import run_worker, seed_worker
@@ -211,6 +212,7 @@ class _WorkerIterator:
                  owner: Optional[Any] = None, epoch: int = 0) -> None:
         self._loader = runtime
         self._decode = decode
+        self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
         self._owns = owns
         self._owner = owner
         self._epoch = epoch
@@ -237,6 +239,7 @@ class _WorkerIterator:
             lease = self._loader.next()
         except BatchFailedError as failed:
             raise _reraise(failed) from None
+        self._watchdog.poll()
         if lease is None:
             if self._owns:
                 self.close()
