@@ -10,11 +10,27 @@ child instead, as worker 0 would, and only its result comes back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
 import traceback
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Iterator
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    """Around spindle's own forks: silences JAX's at-fork warning.
+
+    JAX warns on every fork of a process where it runs, because a child that
+    calls into JAX can deadlock. spindle's children run only spindle's code and
+    the dataset's, with JAX_PLATFORMS=cpu set; the warning stays true for
+    dataset code that calls JAX (docs/architecture.md, "Forking safely").
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        yield
 
 
 def run_forked(fn: Callable[[], Any]) -> Any:
@@ -23,7 +39,8 @@ def run_forked(fn: Callable[[], Any]) -> Any:
     If the result cannot be pickled back, fn() runs again in this process.
     """
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    with forking():
+        pid = os.fork()
     if pid == 0:  # child
         os.close(read_fd)
         code = 0

@@ -19,7 +19,7 @@ import numpy as np
 from . import _core
 from ._caps import ThreadWatchdog
 from ._layout import BatchLayout
-from ._probe import run_forked
+from ._probe import forking, run_forked
 from ._worker import run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -143,11 +143,12 @@ class DataLoader:
     def _start_workers(self, order: np.ndarray, layout: BatchLayout, seed: int) -> _core.Loader:
         body = partial(run_worker, dataset=self.dataset, layout=layout,
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
-        return _core.Loader(
-            order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx), num_workers=self.num_workers,
-            batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
-            prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
-            max_threads=self.max_threads)
+        with forking():
+            return _core.Loader(
+                order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx),
+                num_workers=self.num_workers, batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
+                prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
+                max_threads=self.max_threads)
 
     def close(self) -> None:
         """Stops persistent workers now (they also stop when the loader is garbage-collected)."""

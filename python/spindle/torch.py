@@ -42,7 +42,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from . import _core
 from ._layout import BatchLayout, SampleStructureError
-from ._probe import run_forked
+from ._probe import forking, run_forked
 from ._worker import PickledBatches, run_worker
 from .dataloader import _WorkerIterator
 
@@ -150,10 +150,11 @@ class DataLoader:
                 self._runtime.close()
                 self._runtime = None
         body = partial(run_worker, dataset=loader.dataset, layout=layout, setup=setup)
-        runtime = _core.Loader(
-            order=order, starts=starts, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
-            batch_capacity=self._capacity, slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor,
-            in_order=loader.in_order, timeout=loader.timeout)
+        with forking():
+            runtime = _core.Loader(
+                order=order, starts=starts, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
+                batch_capacity=self._capacity, slot_bytes=layout.slot_bytes,
+                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
         if not self.persistent_workers:
             return _WorkerIterator(runtime, decode, owns=True)
         self._runtime = runtime

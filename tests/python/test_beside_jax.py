@@ -45,6 +45,7 @@ def test_sixteen_worker_loaders_cycle_beside_a_running_jax():
     done = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here)], capture_output=True, text=True,
                           timeout=180, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "os.fork() was called" not in done.stderr  # JAX's fork warning does not fire for spindle's forks
     r = json.loads(done.stdout.strip().splitlines()[-1])
     assert r["worst_excess"] <= 0, r
     assert r["after"] <= r["before"] + 1, r  # at most the arena's one extra thread (2 CPUs)
