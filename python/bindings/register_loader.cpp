@@ -120,7 +120,10 @@ void register_loader(py::module_& m) {
       .def_property_readonly("num_workers", &WorkerContext::num_workers)
       .def("claim", &WorkerContext::claim, py::call_guard<py::gil_scoped_release>())
       .def("set_sample", &WorkerContext::set_sample, py::arg("index"))
-      .def("commit", &WorkerContext::commit, py::arg("item"))
+      .def("commit", py::overload_cast<const WorkItem&>(&WorkerContext::commit), py::arg("item"))
+      .def("commit", py::overload_cast<const WorkItem&, uint32_t>(&WorkerContext::commit), py::arg("item"),
+           py::arg("count"))
+      .def("exhausted", &WorkerContext::exhausted, py::arg("item"))
       .def("fail",
            [](WorkerContext& ctx, const WorkItem& item, py::bytes report) {
              ctx.fail(item, std::string_view(report));
@@ -153,7 +156,7 @@ void register_loader(py::module_& m) {
       .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
                        int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
-                       double timeout, std::optional<int64_t> max_threads) {
+                       double timeout, std::optional<int64_t> max_threads, bool round_robin) {
              LoaderOptions o;
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
@@ -162,6 +165,7 @@ void register_loader(py::module_& m) {
              o.in_order = in_order;
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
              o.max_threads = max_threads;
+             o.round_robin = round_robin;
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
                                python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
@@ -169,7 +173,8 @@ void register_loader(py::module_& m) {
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none(),
            py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
-           py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none())
+           py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
+           py::arg("round_robin") = false)
       .def("next",
            [](Loader& l) -> py::object {
              std::optional<Batch> b;

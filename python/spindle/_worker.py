@@ -148,3 +148,61 @@ def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], 
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
+
+
+def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None],
+                      batch_size: int, drop_last: bool) -> int:
+    """Round-robin mode: each claimed item asks for this worker's next batch of
+    `batch_size` samples from its own `iter(dataset)` (which may shard itself by
+    worker id); once the stream ends, every item is answered "exhausted"."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cap_worker_pools()
+    worker_id = ctx.worker_id
+    geo = ctx.layout()
+    stride = geo["slot_stride"]
+    try:
+        setup(worker_id, ctx.num_workers)
+        stream = iter(dataset)
+    except Exception as exc:
+        item = ctx.claim()
+        if item is not None:
+            exc.add_note(f"Raised while starting spindle worker {worker_id}, before any sample.")
+            ctx.fail(item, pack_exception(exc, -1, worker_id, stride))
+        return 1
+    mem = ctx.memory()
+    record = np.frombuffer(mem, dtype=np.int64, count=1, offset=geo["sample_record_offset"])
+    slots: dict[int, list[np.ndarray]] = {}
+    position = 0  # samples this worker has read from its stream
+    ended = False
+    try:
+        while (item := ctx.claim()) is not None:
+            if ended:
+                ctx.exhausted(item)
+                continue
+            samples: list[Any] = []
+            try:
+                for _ in range(batch_size):
+                    record[0] = position
+                    try:
+                        samples.append(next(stream))
+                    except StopIteration:
+                        ended = True
+                        break
+                    position += 1
+                if not samples or (drop_last and len(samples) < batch_size):
+                    ended = True
+                    ctx.exhausted(item)
+                    continue
+                if item.slot not in slots:
+                    payload = mem[geo["payload_offset"] + item.slot * stride:][:geo["slot_bytes"]]
+                    slots[item.slot] = layout.views(payload)
+                first = position - len(samples)
+                layout.write_batch(slots[item.slot], samples, list(range(first, position)))
+                ctx.commit(item, len(samples))
+            except Exception as exc:
+                index = getattr(exc, "sample_index", position)
+                ctx.fail(item, pack_exception(exc, index, worker_id, stride))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0

@@ -43,7 +43,7 @@ from torch.utils.data._utils.collate import default_collate
 from . import _core
 from ._layout import BatchLayout, SampleStructureError
 from ._probe import forking, run_forked
-from ._worker import PickledBatches, run_worker
+from ._worker import PickledBatches, run_stream_worker, run_worker
 from .dataloader import _WorkerIterator
 
 __all__ = ["DataLoader"]
@@ -68,10 +68,10 @@ class DataLoader:
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order)
-        if num_workers > 0 and isinstance(dataset, IterableDataset):
+        if num_workers > 0 and persistent_workers and isinstance(dataset, IterableDataset):
             raise NotImplementedError(
-                "spindle.torch.DataLoader: IterableDataset with num_workers > 0 is not supported yet; "
-                "use torch.utils.data.DataLoader for it, or a map-style dataset")
+                "spindle.torch.DataLoader: persistent_workers=True with an IterableDataset is not supported "
+                "yet (workers would have to restart their streams); use persistent_workers=False")
         context = multiprocessing_context
         if num_workers > 0 and context is not None and getattr(context, "get_start_method", lambda: context)() != "fork":
             raise NotImplementedError(
@@ -101,6 +101,8 @@ class DataLoader:
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=2)
+        if isinstance(loader.dataset, IterableDataset):
+            return self._iter_streams()
         # The same draws from `generator`, in the same order, as torch's
         # iterator: persistent workers keep the base seed of their first epoch.
         sampler_iter = iter(loader._index_sampler)
@@ -160,6 +162,53 @@ class DataLoader:
         self._runtime = runtime
         self._persistent_epoch += 1
         return _WorkerIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+
+    def _iter_streams(self) -> Any:
+        """IterableDataset: each worker iterates its own copy; batches come round-robin from the
+        workers whose streams have not ended, as torch's do."""
+        loader = self._torch
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        n = loader.batch_size if loader._auto_collation else 1
+        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+                        worker_init_fn=loader.worker_init_fn)
+        kind, found = run_forked(partial(self._probe_stream, n, setup))
+        if kind == "layout":
+            layout = found
+        else:
+            collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+            layout = PickledBatches(collate, found)
+        decode = _decoder(layout)
+        if loader.pin_memory and torch.cuda.is_available():
+            from torch.utils.data._utils.pin_memory import pin_memory as _pin
+            decode = (lambda d: lambda lease: _pin(d(lease)))(decode)
+        body = partial(run_stream_worker, dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
+                       drop_last=loader.drop_last)
+        with forking():
+            runtime = _core.Loader(
+                order=np.empty(0, np.int64), round_robin=True, worker_main=lambda ctx: body(ctx),
+                num_workers=loader.num_workers, batch_capacity=n, slot_bytes=layout.slot_bytes,
+                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
+        return _WorkerIterator(runtime, decode, owns=True)
+
+    def _probe_stream(self, n: int, setup: Callable[[int, int], None]) -> Any:
+        """In the probe process, as worker 0: the first batch of worker 0's stream sizes the slots."""
+        loader = self._torch
+        setup(0, loader.num_workers)
+        samples = []
+        for sample in loader.dataset:
+            samples.append(sample)
+            if len(samples) == n:
+                break
+        if samples and loader._auto_collation and not self._user_collate:
+            try:
+                return "layout", BatchLayout(samples[0], 0, n)
+            except SampleStructureError:
+                pass
+        if not samples:  # worker 0 has nothing: the general path, smallest slots
+            return "pickled", _MIN_PICKLE_SLOT
+        collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+        size = len(pickle.dumps(collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
+        return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
 
     def _probe(self, first_batch: list[int], capacity: int, setup: Callable[[int, int], None]) -> Any:
         """In the probe process: ("layout", BatchLayout) when default collate meets

@@ -11,13 +11,14 @@ namespace {
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 struct Offsets {
-  uint64_t queue, workers, slots, indices, payload, stride, total;
+  uint64_t queue, queue_stride, workers, slots, indices, payload, stride, total;
 };
 
 Offsets offsets_for(const RingGeometry& g) {
   Offsets o{};
   o.queue = align_up(sizeof(RingHeader), kCacheLine);
-  o.workers = align_up(o.queue + IndexQueue::bytes_for(g.num_slots), kCacheLine);
+  o.queue_stride = align_up(IndexQueue::bytes_for(g.num_slots), kCacheLine);
+  o.workers = o.queue + o.queue_stride * (1 + static_cast<uint64_t>(g.num_workers));
   o.slots = align_up(o.workers + sizeof(WorkerRecord) * g.num_workers, kCacheLine);
   o.indices = align_up(o.slots + sizeof(SlotHeader) * g.num_slots, kCacheLine);
   o.payload = align_up(o.indices + sizeof(int64_t) * g.batch_capacity * g.num_slots,
@@ -39,12 +40,13 @@ BatchRing BatchRing::create(std::byte* mem, const RingGeometry& g) {
   h->geometry = g;
   h->slot_stride = o.stride;
   h->queue_offset = o.queue;
+  h->queue_stride = o.queue_stride;
   h->workers_offset = o.workers;
   h->slots_offset = o.slots;
   h->indices_offset = o.indices;
   h->payload_offset = o.payload;
   h->total_bytes = o.total;
-  IndexQueue::create(mem + o.queue, g.num_slots);
+  for (uint32_t q = 0; q <= g.num_workers; ++q) IndexQueue::create(mem + o.queue + q * o.queue_stride, g.num_slots);
   for (uint32_t w = 0; w < g.num_workers; ++w) new (mem + o.workers + w * sizeof(WorkerRecord)) WorkerRecord();
   for (uint32_t s = 0; s < g.num_slots; ++s) new (mem + o.slots + s * sizeof(SlotHeader)) SlotHeader();
   return BatchRing(mem);

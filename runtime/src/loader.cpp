@@ -121,10 +121,12 @@ void Loader::prepare() {
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
-  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, batches_.size())));
+  const std::size_t known = options.round_robin ? want : batches_.size();  // streams: unknown length
+  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
+  active_.assign(nw, true);
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
-  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes};
+  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes, options.round_robin};
   const std::size_t bytes = BatchRing::bytes_for(g);
   ring_ = std::make_shared<RingStorage>(
       bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
@@ -140,8 +142,16 @@ void Loader::check_batches(const BatchPlan& batches) const {
                                                std::to_string(options_.batch_capacity));
 }
 
+std::string Loader::describe_batch(std::size_t b) const {
+  if (b < batches_.size()) return preview(batches_.batch(b));
+  return "(from worker streams)";
+}
+
 void Loader::reset(BatchPlan batches) {
   rethrow_if_broken();
+  if (options_.round_robin)
+    SPINDLE_THROW(std::logic_error, "spindle: reset() needs planned batches; a round-robin (stream) loader "
+                                    "cannot restart its workers' streams");
   if (!pool_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
   check_batches(batches);
   // Batches of the old epoch still in flight finish (their slots are written
@@ -177,7 +187,7 @@ void Loader::close() noexcept { stop_workers(std::chrono::milliseconds(1000)); }
 
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   if (!pool_) return;
-  ring_->ring.queue().close();
+  for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
   pool_->shutdown(grace);
   pool_.reset();
 }
@@ -186,6 +196,26 @@ void Loader::post_more() {
   const BatchRing& r = ring_->ring;
   const uint32_t n = r.geometry().num_slots;
   uint32_t s = 0;
+  if (options_.round_robin) {
+    // Task k goes to the next worker whose stream has not ended, in turn.
+    const auto nw = static_cast<uint32_t>(options_.num_workers);
+    while (inflight_.size() < inflight_target_ && std::find(active_.begin(), active_.end(), true) != active_.end()) {
+      while (s < n && r.state(s) != SlotState::kFree) ++s;
+      if (s == n) return;
+      while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
+      SlotHeader& h = r.slot(s);
+      h.batch_id = static_cast<int64_t>(next_post_++);
+      h.count = options_.batch_capacity;
+      h.worker = -1;
+      h.error_bytes = 0;
+      h.flags = 0;
+      r.set_state(s, SlotState::kPosted);
+      r.queue(1 + next_worker_).post(s);
+      inflight_.push_back(s);
+      next_worker_ = (next_worker_ + 1) % nw;
+    }
+    return;
+  }
   while (next_post_ < batches_.size() && inflight_.size() < inflight_target_) {
     while (s < n && r.state(s) != SlotState::kFree) ++s;
     if (s == n) return;  // every other slot is leased by the user
@@ -195,6 +225,7 @@ void Loader::post_more() {
     h.count = static_cast<uint32_t>(idx.size());
     h.worker = -1;
     h.error_bytes = 0;
+    h.flags = 0;
     std::copy(idx.begin(), idx.end(), r.indices(s));
     r.set_state(s, SlotState::kPosted);
     r.queue().post(s);
@@ -233,7 +264,7 @@ void Loader::check_workers() {
   if (batch >= 0) {
     const int64_t sample = rec.sample_index.load();
     doing = "while producing batch " + std::to_string(batch) + " " +
-            preview(batches_.batch(static_cast<std::size_t>(batch))) +
+            describe_batch(static_cast<std::size_t>(batch)) +
             (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
   }
   fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
@@ -268,7 +299,7 @@ uint32_t Loader::wait_for_delivery() {
       const uint32_t s = inflight_.front();
       const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
       fail_closed("spindle: no batch arrived within timeout=" + std::to_string(options_.timeout.count()) +
-                      " ms; waiting for batch " + std::to_string(b) + " " + preview(batches_.batch(b)) + ", " +
+                      " ms; waiting for batch " + std::to_string(b) + " " + describe_batch(b) + ", " +
                       describe_holder(s) +
                       ". Raise timeout, or find out why this sample is slow. The loader is closed.",
                   true);
@@ -279,11 +310,22 @@ uint32_t Loader::wait_for_delivery() {
 
 std::optional<Batch> Loader::next() {
   rethrow_if_broken();
-  if (delivered_ == batches_.size()) return std::nullopt;
-  post_more();
-  const uint32_t s = wait_for_delivery();
-  ++delivered_;
   const BatchRing& r = ring_->ring;
+  uint32_t s = 0;
+  for (;;) {
+    if (!options_.round_robin && delivered_ == batches_.size()) return std::nullopt;
+    post_more();
+    if (options_.round_robin && inflight_.empty()) return std::nullopt;  // every stream ended
+    s = wait_for_delivery();
+    ++delivered_;
+    SlotHeader& done = r.slot(s);
+    if (r.state(s) == SlotState::kReady && (done.flags & kSlotExhausted)) {
+      if (done.worker >= 0) active_[static_cast<std::size_t>(done.worker)] = false;
+      r.set_state(s, SlotState::kFree);
+      continue;
+    }
+    break;
+  }
   SlotHeader& h = r.slot(s);
   if (r.state(s) == SlotState::kFailed) {
     std::string payload(reinterpret_cast<const char*>(r.payload(s)), h.error_bytes);

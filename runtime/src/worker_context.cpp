@@ -29,7 +29,7 @@ WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent)
 }
 
 std::optional<WorkItem> WorkerContext::claim() {
-  IndexQueue& q = ring_.queue();
+  IndexQueue& q = ring_.queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring_.worker(worker_id_);
   for (;;) {
     if (q.is_closed()) return std::nullopt;
@@ -57,6 +57,19 @@ void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
 }
 
 void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
+
+void WorkerContext::commit(const WorkItem& item, uint32_t count) noexcept {
+  SlotHeader& h = ring_.slot(item.slot);
+  if (count < h.count) h.count = count;
+  finish(item, SlotState::kReady);
+}
+
+void WorkerContext::exhausted(const WorkItem& item) noexcept {
+  SlotHeader& h = ring_.slot(item.slot);
+  h.count = 0;
+  h.flags = kSlotExhausted;
+  finish(item, SlotState::kReady);
+}
 
 void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
   const std::size_t n = std::min(report.size(), ring_.report_capacity());

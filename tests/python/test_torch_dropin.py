@@ -194,3 +194,27 @@ def test_pin_memory_without_cuda_warns_like_torch():
     with pytest.warns(UserWarning, match="pin_memory"):
         batch = next(iter(DataLoader(Mixed(), batch_size=4, num_workers=1, pin_memory=True)))
     assert not batch["image"].is_pinned()
+
+
+class Shards(torch.utils.data.IterableDataset):
+    """Shards itself by worker: worker w yields w + 1 runs of values (uneven streams)."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        for k in range(7 * (wid + 1)):
+            yield {"value": torch.tensor([wid * 1000 + k]), "worker": wid}
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(batch_size=3, num_workers=3),
+    dict(batch_size=3, num_workers=3, drop_last=True),
+    dict(batch_size=None, num_workers=2),
+    dict(batch_size=4, num_workers=2, collate_fn=lambda s: [x["value"].item() for x in s]),
+], ids=["batched", "drop_last", "no-batching", "custom-collate"])
+def test_iterable_datasets_give_torchs_batches_in_torchs_order(kwargs):
+    """IterableDataset shards by get_worker_info(); batches arrive round-robin from live workers, like torch."""
+    expected, got = both(Shards(), **kwargs)
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        same(a, b, f"batch {k}")

@@ -7,7 +7,9 @@
 // every region starts on a 64-byte line, payloads on a 4096-byte page):
 //
 //   RingHeader                      geometry + `completed` futex word
-//   IndexQueue + entries[num_slots] work items: slot numbers (index_queue.hpp)
+//   (IndexQueue + entries[num_slots]) x (1 + num_workers)
+//                                   work items: slot numbers (index_queue.hpp);
+//                                   queue 0 shared, 1 + w for worker w
 //   WorkerRecord[num_workers]       what each worker is doing (for crash reports)
 //   SlotHeader[num_slots]           per-slot state machine and batch metadata
 //   int64 indices[num_slots][batch_capacity]   sample indices of each batch
@@ -50,9 +52,14 @@ struct alignas(kCacheLine) SlotHeader {
   std::atomic<uint32_t> state{0};  // SlotState; see the state machine above
   int32_t worker = -1;             // written by the claiming worker
   int64_t batch_id = -1;           // written by the consumer before posting
-  uint32_t count = 0;              // samples in the batch; consumer, before posting
+  uint32_t count = 0;              // samples in the batch; consumer before posting, worker may lower it
   uint32_t error_bytes = 0;        // worker, before kFailed
+  uint32_t flags = 0;              // worker, before kReady: kSlotExhausted
 };
+
+// SlotHeader::flags: the worker's data stream ended; the slot holds no batch
+// (round-robin mode, one stream per worker, e.g. a torch IterableDataset).
+inline constexpr uint32_t kSlotExhausted = 1;
 
 // Written by its worker only; read by the consumer to explain a crash or a
 // timeout. Separate lines: each worker updates its own per sample.
@@ -68,6 +75,10 @@ struct RingGeometry {
   uint32_t num_workers = 0;
   uint32_t batch_capacity = 0;  // max samples per batch
   uint64_t slot_bytes = 0;      // payload bytes per slot
+  // false: one shared queue, any worker takes any batch (map-style data).
+  // true: each worker has its own queue and the consumer addresses batches to
+  // workers in turn (each worker reads its own stream of samples).
+  bool round_robin = false;
 };
 
 struct RingHeader {
@@ -75,7 +86,7 @@ struct RingHeader {
   uint64_t magic = kMagic;
   RingGeometry geometry;
   uint64_t slot_stride = 0;
-  uint64_t queue_offset = 0, workers_offset = 0, slots_offset = 0;
+  uint64_t queue_offset = 0, queue_stride = 0, workers_offset = 0, slots_offset = 0;
   uint64_t indices_offset = 0, payload_offset = 0, total_bytes = 0;
   // Workers bump it after every kReady/kFailed; the consumer sleeps on it.
   // Own line: written by all workers, read in the consumer's wait loop.
@@ -99,7 +110,13 @@ class BatchRing {
 
   RingHeader& header() const noexcept { return *reinterpret_cast<RingHeader*>(base_); }
   const RingGeometry& geometry() const noexcept { return header().geometry; }
-  IndexQueue& queue() const noexcept { return *at<IndexQueue>(header().queue_offset); }
+  // Queue 0 is the shared one; queue 1 + w belongs to worker w (round-robin).
+  IndexQueue& queue(uint32_t q = 0) const noexcept {
+    return *at<IndexQueue>(header().queue_offset + q * header().queue_stride);
+  }
+  uint32_t num_queues() const noexcept { return 1 + geometry().num_workers; }
+  // The queue worker w takes its work from.
+  IndexQueue& queue_of(uint32_t w) const noexcept { return queue(geometry().round_robin ? 1 + w : 0); }
   WorkerRecord& worker(uint32_t w) const noexcept { return at<WorkerRecord>(header().workers_offset)[w]; }
   SlotHeader& slot(uint32_t s) const noexcept { return at<SlotHeader>(header().slots_offset)[s]; }
   SlotState state(uint32_t s) const noexcept {

@@ -36,6 +36,11 @@ struct LoaderOptions {
   uint64_t slot_bytes = 0;       // payload bytes per batch
   int prefetch_factor = 2;       // batches in flight per worker
   bool in_order = true;          // deliver by batch id; false: as they finish
+  // Streams instead of planned batches: no BatchPlan; batch k is asked of
+  // worker k mod N (skipping workers whose stream ended, see
+  // WorkerContext::exhausted), each up to batch_capacity samples; next()
+  // ends when every worker's stream has ended.
+  bool round_robin = false;
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
   BudgetSources budget_sources;          // where limits are read (tests fake it)
@@ -116,6 +121,7 @@ class Loader {
   void check_workers();
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);
   std::string describe_holder(uint32_t slot) const;
+  std::string describe_batch(std::size_t b) const;
 
   LoaderOptions options_;
   ThreadPlan plan_;
@@ -123,6 +129,8 @@ class Loader {
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
+  std::vector<bool> active_;        // round-robin: workers whose stream has not ended
+  uint32_t next_worker_ = 0;        // round-robin: who gets the next batch
   std::size_t next_post_ = 0;
   std::size_t delivered_ = 0;
   uint32_t inflight_target_ = 0;

@@ -40,6 +40,10 @@ class WorkerContext {
   }
   // Publishes the item's payload as complete.
   void commit(const WorkItem& item) noexcept;
+  // The same, for a batch of only `count` samples (a stream's short last batch).
+  void commit(const WorkItem& item, uint32_t count) noexcept;
+  // Round-robin mode: this worker's stream has ended; it gets no more items.
+  void exhausted(const WorkItem& item) noexcept;
   // Publishes the item as failed; `report` (truncated to report_capacity()) is
   // handed to the consumer in BatchFailedError::payload.
   void fail(const WorkItem& item, std::string_view report) noexcept;
