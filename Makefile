@@ -74,6 +74,7 @@ bench: build-cpp install-py
 	./build/cpp/bench/cpp/ring_bench --benchmark_min_time=0.2
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
+	$(PY) bench/python/grain_bench.py
 
 clean:
 	rm -rf build $(VENV)
