@@ -14,7 +14,7 @@ import random
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -93,26 +93,36 @@ class PickledBatches:
         return pickle.loads(raw[self.HEADER:self.HEADER + n])
 
 
-def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None]) -> int:
-    """Claims batches until the loader closes. `layout` is a BatchLayout or
-    PickledBatches; `setup(worker_id, num_workers)` seeds the worker and runs
-    the user's init function before any sample is read."""
+def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
+    """Prepares a worker before any user code; False if `setup` raised.
+
+    A failing setup (seeding, worker_init_fn, opening a stream) reaches the
+    consumer as the exception itself, through the first item this worker
+    claims; the worker then stops.
+    """
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cap_worker_pools()  # before any user code can start a pool
-    worker_id = ctx.worker_id
     try:
-        setup(worker_id, ctx.num_workers)
+        setup(ctx.worker_id, ctx.num_workers)
+        return True
     except Exception as exc:
-        # worker_init_fn (or seeding) failed: hand the exception to the
-        # consumer through the first batch this worker claims, then stop.
         item = ctx.claim()
         if item is not None:
-            exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn), before any sample.")
-            ctx.fail(item, pack_exception(exc, -1, worker_id, ctx.layout()["slot_stride"]))
-        return 1
+            exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
+                         "dataset's setup), before any sample.")
+            ctx.fail(item, pack_exception(exc, -1, ctx.worker_id, ctx.layout()["slot_stride"]))
+        return False
 
+
+def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None]) -> int:
+    """Claims batches until the loader closes. `layout` is a BatchLayout or
+    PickledBatches; `setup(worker_id, num_workers)` seeds the worker and runs
+    the user's init function before any sample is read."""
+    if not _start(ctx, setup):
+        return 1
+    worker_id = ctx.worker_id
     mem = ctx.memory()
     geo = ctx.layout()
     cap, stride = geo["batch_capacity"], geo["slot_stride"]
@@ -155,20 +165,13 @@ def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int,
     """Round-robin mode: each claimed item asks for this worker's next batch of
     `batch_size` samples from its own `iter(dataset)` (which may shard itself by
     worker id); once the stream ends, every item is answered "exhausted"."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cap_worker_pools()
+    streams: list[Iterator[Any]] = []
+    if not _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset)))):
+        return 1
+    stream = streams[0]
     worker_id = ctx.worker_id
     geo = ctx.layout()
     stride = geo["slot_stride"]
-    try:
-        setup(worker_id, ctx.num_workers)
-        stream = iter(dataset)
-    except Exception as exc:
-        item = ctx.claim()
-        if item is not None:
-            exc.add_note(f"Raised while starting spindle worker {worker_id}, before any sample.")
-            ctx.fail(item, pack_exception(exc, -1, worker_id, stride))
-        return 1
     mem = ctx.memory()
     record = np.frombuffer(mem, dtype=np.int64, count=1, offset=geo["sample_record_offset"])
     slots: dict[int, list[np.ndarray]] = {}

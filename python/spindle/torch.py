@@ -130,18 +130,9 @@ class DataLoader:
         if reuse:
             layout = self._layout  # the workers' layout is fixed for their lifetime
         else:
-            kind, found = run_forked(partial(self._probe, batches[0], capacity, setup))
-            if kind == "layout":
-                layout = found
-            else:
-                collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
-                layout = PickledBatches(collate, found)
+            layout = self._transport(*run_forked(partial(self._probe, batches[0], capacity, setup)))
             self._layout, self._capacity = layout, capacity
-        decode = _decoder(layout)
-        pin = loader.pin_memory and torch.cuda.is_available()
-        if pin:
-            from torch.utils.data._utils.pin_memory import pin_memory as _pin
-            decode = (lambda d: lambda lease: _pin(d(lease)))(decode)
+        decode = self._decoder(layout)
 
         if self.persistent_workers and self._runtime is not None:
             try:
@@ -163,6 +154,27 @@ class DataLoader:
         self._persistent_epoch += 1
         return _WorkerIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
+    def _transport(self, kind: str, found: Any) -> Any:
+        """The probe's answer as a transport: its BatchLayout, or pickled batches of that slot size."""
+        if kind == "layout":
+            return found
+        loader = self._torch
+        collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+        return PickledBatches(collate, found)
+
+    def _decoder(self, layout: Any) -> Callable[[Any], Any]:
+        """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
+        if isinstance(layout, PickledBatches):
+            decode = layout.read
+        else:
+            def decode(lease: Any) -> Any:
+                return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy,
+                                     tuples_as_lists=True)
+        if self._torch.pin_memory and torch.cuda.is_available():
+            from torch.utils.data._utils.pin_memory import pin_memory
+            return lambda lease: pin_memory(decode(lease))
+        return decode
+
     def _iter_streams(self) -> Any:
         """IterableDataset: each worker iterates its own copy; batches come round-robin from the
         workers whose streams have not ended, as torch's do."""
@@ -171,16 +183,8 @@ class DataLoader:
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)
-        kind, found = run_forked(partial(self._probe_stream, n, setup))
-        if kind == "layout":
-            layout = found
-        else:
-            collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
-            layout = PickledBatches(collate, found)
-        decode = _decoder(layout)
-        if loader.pin_memory and torch.cuda.is_available():
-            from torch.utils.data._utils.pin_memory import pin_memory as _pin
-            decode = (lambda d: lambda lease: _pin(d(lease)))(decode)
+        layout = self._transport(*run_forked(partial(self._probe_stream, n, setup)))
+        decode = self._decoder(layout)
         body = partial(run_stream_worker, dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
                        drop_last=loader.drop_last)
         with forking():
@@ -237,15 +241,6 @@ class DataLoader:
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
             runtime.close()
-
-
-def _decoder(layout: Any) -> Callable[[Any], Any]:
-    if isinstance(layout, PickledBatches):
-        return layout.read
-
-    def decode(lease: Any) -> Any:
-        return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy, tuples_as_lists=True)
-    return decode
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
