@@ -156,7 +156,8 @@ void register_loader(py::module_& m) {
       .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
                        int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
-                       double timeout, std::optional<int64_t> max_threads, bool round_robin) {
+                       double timeout, std::optional<int64_t> max_threads, bool round_robin,
+                       int first_worker) {
              LoaderOptions o;
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
@@ -166,6 +167,7 @@ void register_loader(py::module_& m) {
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
              o.max_threads = max_threads;
              o.round_robin = round_robin;
+             o.first_worker = first_worker;
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
                                python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
@@ -174,7 +176,7 @@ void register_loader(py::module_& m) {
            py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
-           py::arg("round_robin") = false)
+           py::arg("round_robin") = false, py::arg("first_worker") = 0)
       .def("next",
            [](Loader& l) -> py::object {
              std::optional<Batch> b;

@@ -15,12 +15,13 @@ workers): parallelism comes from the workers. Elements travel through spindle's 
 pickled pytrees (no pipes, no queue threads); the thread tree is the
 consumer's own threads + one per worker.
 
-Not yet: ``get_state``/``set_state`` (checkpointing), zero-copy transport of
-batched arrays (docs/torch_dropin.md lists what the torch drop-in does).
+Iterators support ``get_state``/``set_state`` in grain's format. Not yet:
+zero-copy transport of batched arrays (elements are pickled).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pickle
 from functools import partial
@@ -42,62 +43,159 @@ _MIN_SLOT = 64 * 1024
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
                 worker_init_fn: Optional[Callable[[int, int], None]] = None,
-                sequential_slice: bool = False) -> "_Prefetched":
-    """Runs `ds` (a grain IterDataset) in spindle workers, like ``ds.mp_prefetch(options)``."""
+                sequential_slice: bool = False) -> grain.IterDataset:
+    """Runs `ds` (a grain IterDataset) in spindle workers, like ``ds.mp_prefetch(options)``.
+
+    The result is a grain IterDataset; its iterators support get_state/set_state."""
     options = options or grain.multiprocessing.MultiprocessingOptions(num_workers=10)
     if options.num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {options.num_workers}")
-    return _Prefetched(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
-                       sequential_slice)
+    if options.num_workers == 0:
+        return ds
+    return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
+                            sequential_slice)
 
 
-class _Prefetched:
-    """An iterable over a grain pipeline run by spindle workers; each iter() is a fresh pass."""
+class _PrefetchDataset(grain.IterDataset):
+    """`parent` run in spindle workers: worker w iterates records w, w + N, ... of it."""
 
-    def __init__(self, ds: Any, num_workers: int, buffer_size: int,
+    def __init__(self, parent: Any, num_workers: int, buffer_size: int,
                  worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool) -> None:
-        self._ds = ds
+        super().__init__(parent)
         self._num_workers = num_workers
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
         self._sequential_slice = sequential_slice
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._num_workers == 0:
-            return iter(self._ds)
-        n = self._num_workers
+    def __iter__(self) -> "_PrefetchIterator":
+        return _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
+                                 self._sequential_slice)
+
+
+class _PrefetchIterator(grain.DatasetIterator):
+    """Elements from the workers in turn. Its state has grain's multi-process format
+    (``next_index_in_cycle`` and one iterator state per worker), so grain's DataLoader
+    checkpointing works on it unchanged."""
+
+    def __init__(self, ds: Any, num_workers: int, buffer_size: int,
+                 worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool) -> None:
+        super().__init__()
+        self._ds = ds
+        self._n = num_workers
+        self._buffer_size = buffer_size
+        self._worker_init_fn = worker_init_fn
+        self._sequential_slice = sequential_slice
+        self._states: Optional[list[Any]] = None  # each worker's iterator state after its last element
+        self._next_in_cycle = 0
+        self._it: Optional[_WorkerIterator] = None
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = self._start()
+        worker, state, element = next(self._it)
+        self._states[worker] = state
+        self._next_in_cycle = (worker + 1) % self._n
+        return element
+
+    def _start(self) -> _WorkerIterator:
+        n = self._n
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
-                        worker_init_fn=self._worker_init_fn)
-        slot_bytes = run_forked(partial(_probe_slot_bytes, self._ds, setup, n))
+                        worker_init_fn=self._worker_init_fn, states=self._states)
+        slot_bytes, initial = run_forked(partial(_probe, self._ds, setup, n))
+        if self._states is None:
+            self._states = initial
         pickled = PickledBatches(lambda elements: elements[0], slot_bytes)
         body = partial(run_stream_worker, dataset=_WorkerSlice(), layout=pickled, setup=setup, batch_size=1,
                        drop_last=False)
         with forking():
             runtime = _core.Loader(
-                order=np.empty(0, np.int64), round_robin=True, worker_main=lambda ctx: body(ctx),
-                num_workers=n, batch_capacity=1, slot_bytes=slot_bytes, prefetch_factor=self._buffer_size,
-                in_order=True)
+                order=np.empty(0, np.int64), round_robin=True, first_worker=self._next_in_cycle,
+                worker_main=lambda ctx: body(ctx), num_workers=n, batch_capacity=1, slot_bytes=slot_bytes,
+                prefetch_factor=self._buffer_size, in_order=True)
         return _WorkerIterator(runtime, pickled.read, owns=True)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Pids of the workers (starts them if needed)."""
+        if self._it is None:
+            self._it = self._start()
+        return self._it.worker_pids
+
+    def get_state(self) -> dict[str, Any]:
+        if self._states is None:  # nothing read yet: every worker at its start
+            self._states = run_forked(partial(_probe, self._ds, partial(
+                _slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice, worker_init_fn=None,
+                states=None), self._n))[1]
+        return {
+            "next_index_in_cycle": self._next_in_cycle,
+            "next_index_in_datasets": self._n,
+            "iterators_in_use_indices": list(range(self._n)),
+            "iterators_in_use_states": [copy.deepcopy(s) for s in self._states],
+            "exhausted": [False] * self._n,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if len(state["iterators_in_use_states"]) != self._n:
+            raise ValueError(f"spindle.grain: the state is for {len(state['iterators_in_use_states'])} workers, "
+                             f"this pipeline runs {self._n}")
+        self.close()
+        self._states = [copy.deepcopy(s) for s in state["iterators_in_use_states"]]
+        self._next_in_cycle = state["next_index_in_cycle"] % self._n
+
+    def close(self) -> None:
+        """Stops the workers; the next element starts them again from the current state."""
+        if self._it is not None:
+            self._it.close()
+            self._it = None
 
 
 class _WorkerSlice:
-    """Iterates the worker's slice of the pipeline, set up by _slice_for_worker in that worker."""
+    """In a worker: (worker id, iterator state, element) for each element of its slice."""
 
-    dataset: Any = None
+    iterator: Any = None
+    worker_id = 0
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(_WorkerSlice.dataset)
+        it, worker = _WorkerSlice.iterator, _WorkerSlice.worker_id
+        while True:
+            try:
+                element = next(it)
+            except StopIteration:
+                return
+            yield worker, it.get_state(), element
 
 
 def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_slice: bool,
-                      worker_init_fn: Optional[Callable[[int, int], None]]) -> None:
+                      worker_init_fn: Optional[Callable[[int, int], None]],
+                      states: Optional[list[Any]]) -> None:
     """In a worker (a fork, so `ds` is already this process's own copy): keep records
-    worker_id, worker_id + N, ... exactly as grain slices for its own workers."""
+    worker_id, worker_id + N, ... exactly as grain slices for its own workers, and
+    resume from `states[worker_id]` when given."""
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
     _grain_prefetch._set_slice_iter_dataset(ds, slice(worker_id, None, num_workers), sequential_slice)
     _read_in_this_thread(ds)
-    _WorkerSlice.dataset = ds
+    it = iter(ds)
+    if states is not None:
+        it.set_state(copy.deepcopy(states[worker_id]))
+    _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id
+
+
+def _probe(ds: Any, setup: Callable[[int, int], None], num_workers: int) -> tuple[int, list[Any]]:
+    """In a throwaway fork: the slot size (twice worker 0's first pickled element, >= 64 KiB) and
+    each worker's initial iterator state (its slice, before any element)."""
+    initial = []
+    for w in range(num_workers):
+        worker_ds = copy.deepcopy(ds)
+        _grain_prefetch._set_slice_iter_dataset(worker_ds, slice(w, None, num_workers), False)
+        _read_in_this_thread(worker_ds)
+        initial.append(iter(worker_ds).get_state())
+    setup(0, num_workers)
+    size = 0
+    for element in _WorkerSlice():
+        size = len(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+        break
+    return max(_MIN_SLOT, 2 * size + PickledBatches.HEADER), initial
 
 
 def _read_in_this_thread(ds: Any) -> None:
@@ -120,17 +218,13 @@ def _read_in_this_thread(ds: Any) -> None:
         stack.extend(getattr(node, "parents", ()))
 
 
-def _probe_slot_bytes(ds: Any, setup: Callable[[int, int], None], num_workers: int) -> int:
-    """In a throwaway fork, as worker 0: twice the pickled size of its first element (>= 64 KiB)."""
-    setup(0, num_workers)
-    for element in _WorkerSlice.dataset:
-        size = len(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
-        return max(_MIN_SLOT, 2 * size + PickledBatches.HEADER)
-    return _MIN_SLOT
-
-
 class DataLoader:
-    """``grain.DataLoader`` with spindle's workers; same keyword-only arguments."""
+    """``grain.DataLoader`` with spindle's workers; same keyword-only arguments.
+
+    Iterators are grain's own DataLoaderIterator over a pipeline whose
+    multi-process stage is spindle's, so ``get_state()``/``set_state()`` produce
+    and accept grain's checkpoint format.
+    """
 
     def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (), worker_count: Optional[int] = 0,
                  worker_buffer_size: int = 1, shard_options: Any = None, read_options: Any = None,
@@ -143,12 +237,16 @@ class DataLoader:
             data_source=data_source, sampler=sampler, operations=operations, worker_count=0,
             worker_buffer_size=worker_buffer_size, shard_options=shard_options, read_options=read_options,
             enable_profiling=enable_profiling)
-        self._worker_count = worker_count or 0
-        self._buffer_size = max(1, worker_buffer_size)
+        workers = worker_count or 0
+        if workers > 0:
+            # grain's pipeline for 0 workers is marker(state(pipeline)); put spindle's
+            # multi-process stage under grain's own state wrapper.
+            marker = self._grain._dataset
+            state = marker._parent
+            state._parents = (_PrefetchDataset(state._parent, workers, max(1, worker_buffer_size), None, False),)
+            state._worker_count = workers
+            self._grain._multiprocessing_options = dataclasses.replace(
+                self._grain._multiprocessing_options, num_workers=workers)
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._worker_count == 0:
-            return iter(self._grain)
-        # grain's pipeline for 0 workers is marker(state(pipeline)); run `pipeline` in our workers.
-        pipeline = self._grain._dataset._parent._parent
-        return iter(_Prefetched(pipeline, self._worker_count, self._buffer_size, None, False))
+    def __iter__(self) -> Any:
+        return iter(self._grain)

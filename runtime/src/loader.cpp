@@ -124,6 +124,9 @@ void Loader::prepare() {
   const std::size_t known = options.round_robin ? want : batches_.size();  // streams: unknown length
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
   active_.assign(nw, true);
+  if (options.first_worker < 0 || options.first_worker >= options.num_workers)
+    SPINDLE_THROW(std::invalid_argument, "spindle: first_worker must be in [0, num_workers)");
+  next_worker_ = static_cast<uint32_t>(options.first_worker);
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
   RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes, options.round_robin};

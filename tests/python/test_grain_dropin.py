@@ -80,3 +80,19 @@ def test_grain_workers_hold_one_thread_each():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("]")[0] + "]" == "[1, 1, 1, 1]", done.stdout
     assert done.stdout.strip().endswith(" 101"), done.stdout
+
+
+@pytest.mark.parametrize("taken", [0, 1, 5, 11])
+def test_checkpoints_are_graings_and_resume_where_grain_resumes(taken):
+    """After `taken` batches, get_state() equals grain's checkpoint; set_state() (from either loader's
+    checkpoint) on a new iterator yields exactly the batches grain yields after the same point."""
+    ours_it, theirs_it = iter(loader(sgrain.DataLoader, 3)), iter(loader(grain.DataLoader, 3))
+    for _ in range(taken):
+        np.testing.assert_array_equal(next(ours_it), next(theirs_it))
+    ours_state, theirs_state = ours_it.get_state(), theirs_it.get_state()
+    assert ours_state == theirs_state
+    rest = list(theirs_it)
+    for state in (ours_state, theirs_state):
+        resumed = iter(loader(sgrain.DataLoader, 3))
+        resumed.set_state(state)
+        equal(list(resumed), rest)

@@ -41,6 +41,7 @@ struct LoaderOptions {
   // WorkerContext::exhausted), each up to batch_capacity samples; next()
   // ends when every worker's stream has ended.
   bool round_robin = false;
+  int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
   BudgetSources budget_sources;          // where limits are read (tests fake it)
