@@ -152,12 +152,18 @@ void register_loader(py::module_& m) {
         return d;
       });
 
+  py::class_<AttachedWorker>(m, "AttachedWorker",
+                             "A spawned worker's mapping of the loader segment and its WorkerContext.")
+      .def(py::init<int, int, pid_t>(), py::arg("segment_fd"), py::arg("worker_id"), py::arg("parent"))
+      .def_property_readonly("context", &AttachedWorker::context, py::return_value_policy::reference_internal);
+
   py::class_<Loader>(m, "Loader")
       .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
                        int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads, bool round_robin,
-                       int first_worker) {
+                       int first_worker, std::optional<std::vector<std::string>> spawn_argv,
+                       std::vector<int> spawn_fds) {
              LoaderOptions o;
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
@@ -168,6 +174,9 @@ void register_loader(py::module_& m) {
              o.max_threads = max_threads;
              o.round_robin = round_robin;
              o.first_worker = first_worker;
+             if (spawn_argv)  // workers are new programs: nothing is forked, worker_main is unused
+               return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
+                                 SpawnSpec{*spawn_argv, std::move(spawn_fds)});
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
                                python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
@@ -176,7 +185,8 @@ void register_loader(py::module_& m) {
            py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
-           py::arg("round_robin") = false, py::arg("first_worker") = 0)
+           py::arg("round_robin") = false, py::arg("first_worker") = 0, py::arg("spawn_argv") = py::none(),
+           py::arg("spawn_fds") = std::vector<int>{})
       .def("next",
            [](Loader& l) -> py::object {
              std::optional<Batch> b;

@@ -94,8 +94,10 @@ class ThreadWatchdog:
                 listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())
                 warnings.warn(
                     f"spindle: worker {worker_id} (pid {pid}) runs {len(names)} threads, over its lease of "
-                    f"{self._lease}: {listed}. Code in the dataset started a thread pool in the worker; cap it "
-                    "(e.g. torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA thread options) or create it "
-                    "lazily outside the workers. Every worker's extra threads count against ulimit -u.",
+                    f"{self._lease}: {listed}. Dataset code started a thread pool in the worker, or a library's "
+                    "fork handler did (torch restarts one pool thread in every child of a process that called "
+                    "torch.set_num_threads). Cap it (torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA "
+                    "thread options), create it lazily outside the workers, or use "
+                    "multiprocessing_context='spawn'. Every worker's extra threads count against ulimit -u.",
                     RuntimeWarning, stacklevel=3)
                 return

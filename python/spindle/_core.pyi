@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import typing_extensions
-__all__: list[str] = ['Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
+__all__: list[str] = ['AttachedWorker', 'Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -140,8 +140,17 @@ class WorkerContext:
     @property
     def worker_id(self) -> int:
         ...
+class AttachedWorker:
+    """
+    A spawned worker's mapping of the loader segment and its WorkerContext.
+    """
+    def __init__(self, segment_fd: typing.SupportsInt | typing.SupportsIndex, worker_id: typing.SupportsInt | typing.SupportsIndex, parent: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def context(self) -> WorkerContext:
+        ...
 class Loader:
-    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
         ...
     def close(self) -> None:
         ...

@@ -27,6 +27,7 @@ Differences from torch are listed in docs/torch_dropin.md.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import warnings
@@ -43,6 +44,7 @@ from torch.utils.data._utils.collate import default_collate
 from . import _core
 from ._layout import BatchLayout, SampleStructureError
 from ._probe import forking, run_forked
+from ._spawned import payload_fd, run_spawned, worker_argv
 from ._worker import PickledBatches, run_stream_worker, run_worker
 from .dataloader import _WorkerIterator
 
@@ -72,11 +74,6 @@ class DataLoader:
             raise NotImplementedError(
                 "spindle.torch.DataLoader: persistent_workers=True with an IterableDataset is not supported "
                 "yet (workers would have to restart their streams); use persistent_workers=False")
-        context = multiprocessing_context
-        if num_workers > 0 and context is not None and getattr(context, "get_start_method", lambda: context)() != "fork":
-            raise NotImplementedError(
-                f"spindle.torch.DataLoader: multiprocessing_context={context!r} is not supported yet; spindle "
-                "forks its workers (use None or 'fork')")
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
         self._layout: Any = None
@@ -130,7 +127,9 @@ class DataLoader:
         if reuse:
             layout = self._layout  # the workers' layout is fixed for their lifetime
         else:
-            layout = self._transport(*run_forked(partial(self._probe, batches[0], capacity, setup)))
+            layout = self._transport(*self._isolated(partial(
+                _probe_batch, loader.dataset, self._collate(), self._zero_copy(), batches[0], capacity, setup,
+                loader.num_workers)))
             self._layout, self._capacity = layout, capacity
         decode = self._decoder(layout)
 
@@ -142,25 +141,49 @@ class DataLoader:
             except Exception:
                 self._runtime.close()
                 self._runtime = None
-        body = partial(run_worker, dataset=loader.dataset, layout=layout, setup=setup)
-        with forking():
-            runtime = _core.Loader(
-                order=order, starts=starts, worker_main=lambda ctx: body(ctx), num_workers=loader.num_workers,
-                batch_capacity=self._capacity, slot_bytes=layout.slot_bytes,
-                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
+        runtime = self._runtime_for(
+            run_worker, dict(dataset=loader.dataset, layout=layout, setup=setup),
+            order=order, starts=starts, num_workers=loader.num_workers, batch_capacity=self._capacity,
+            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+            timeout=loader.timeout)
         if not self.persistent_workers:
             return _WorkerIterator(runtime, decode, owns=True)
         self._runtime = runtime
         self._persistent_epoch += 1
         return _WorkerIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
+    def _collate(self) -> Callable[[list], Any]:
+        loader = self._torch
+        return loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+
+    def _zero_copy(self) -> bool:
+        return self._torch._auto_collation and not self._user_collate
+
+    def _spawns(self) -> bool:
+        context = self._torch.multiprocessing_context
+        method = context if isinstance(context, str) or context is None else context.get_start_method()
+        return method in ("spawn", "forkserver")
+
+    def _isolated(self, fn: Callable[[], Any]) -> Any:
+        """fn() in a throwaway process: a fork, or a new interpreter when forking is not wanted."""
+        return run_spawned(fn) if self._spawns() else run_forked(fn)
+
+    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
+        """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
+        if self._spawns():
+            fd = payload_fd(body, kwargs)
+            try:
+                return _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd], **options)
+            finally:
+                os.close(fd)
+        with forking():
+            return _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
+
     def _transport(self, kind: str, found: Any) -> Any:
         """The probe's answer as a transport: its BatchLayout, or pickled batches of that slot size."""
         if kind == "layout":
             return found
-        loader = self._torch
-        collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
-        return PickledBatches(collate, found)
+        return PickledBatches(self._collate(), found)
 
     def _decoder(self, layout: Any) -> Callable[[Any], Any]:
         """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
@@ -183,15 +206,80 @@ class DataLoader:
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)
-        layout = self._transport(*run_forked(partial(self._probe_stream, n, setup)))
+        layout = self._transport(*self._isolated(partial(
+            _probe_stream, loader.dataset, self._collate(), self._zero_copy(), n, setup, loader.num_workers)))
         decode = self._decoder(layout)
-        body = partial(run_stream_worker, dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
-                       drop_last=loader.drop_last)
+        runtime = self._runtime_for(
+            run_stream_worker, dict(dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
+                                    drop_last=loader.drop_last),
+            order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
+            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+            timeout=loader.timeout)
+        return _WorkerIterator(runtime, decode, owns=True)
+
+    def _collate(self) -> Callable[[list], Any]:
+        loader = self._torch
+        return loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
+
+    def _zero_copy(self) -> bool:
+        return self._torch._auto_collation and not self._user_collate
+
+    def _spawns(self) -> bool:
+        context = self._torch.multiprocessing_context
+        method = context if isinstance(context, str) or context is None else context.get_start_method()
+        return method in ("spawn", "forkserver")
+
+    def _isolated(self, fn: Callable[[], Any]) -> Any:
+        """fn() in a throwaway process: a fork, or a new interpreter when forking is not wanted."""
+        return run_spawned(fn) if self._spawns() else run_forked(fn)
+
+    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
+        """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
+        if self._spawns():
+            fd = payload_fd(body, kwargs)
+            try:
+                return _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd], **options)
+            finally:
+                os.close(fd)
         with forking():
-            runtime = _core.Loader(
-                order=np.empty(0, np.int64), round_robin=True, worker_main=lambda ctx: body(ctx),
-                num_workers=loader.num_workers, batch_capacity=n, slot_bytes=layout.slot_bytes,
-                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
+            return _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
+
+    def _transport(self, kind: str, found: Any) -> Any:
+        """The probe's answer as a transport: its BatchLayout, or pickled batches of that slot size."""
+        if kind == "layout":
+            return found
+        return PickledBatches(self._collate(), found)
+
+    def _decoder(self, layout: Any) -> Callable[[Any], Any]:
+        """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
+        if isinstance(layout, PickledBatches):
+            decode = layout.read
+        else:
+            def decode(lease: Any) -> Any:
+                return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy,
+                                     tuples_as_lists=True)
+        if self._torch.pin_memory and torch.cuda.is_available():
+            from torch.utils.data._utils.pin_memory import pin_memory
+            return lambda lease: pin_memory(decode(lease))
+        return decode
+
+    def _iter_streams(self) -> Any:
+        """IterableDataset: each worker iterates its own copy; batches come round-robin from the
+        workers whose streams have not ended, as torch's do."""
+        loader = self._torch
+        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        n = loader.batch_size if loader._auto_collation else 1
+        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+                        worker_init_fn=loader.worker_init_fn)
+        layout = self._transport(*self._isolated(partial(
+            _probe_stream, loader.dataset, self._collate(), self._zero_copy(), n, setup, loader.num_workers)))
+        decode = self._decoder(layout)
+        runtime = self._runtime_for(
+            run_stream_worker, dict(dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
+                                    drop_last=loader.drop_last),
+            order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
+            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+            timeout=loader.timeout)
         return _WorkerIterator(runtime, decode, owns=True)
 
     def _probe_stream(self, n: int, setup: Callable[[int, int], None]) -> Any:
@@ -214,23 +302,6 @@ class DataLoader:
         size = len(pickle.dumps(collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
         return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
 
-    def _probe(self, first_batch: list[int], capacity: int, setup: Callable[[int, int], None]) -> Any:
-        """In the probe process: ("layout", BatchLayout) when default collate meets
-        fixed-shape samples, else ("pickled", slot bytes sized from the first batch)."""
-        loader = self._torch
-        dataset = loader.dataset
-        setup(0, loader.num_workers)
-        if loader._auto_collation and not self._user_collate:
-            try:
-                return "layout", BatchLayout(dataset[first_batch[0]], first_batch[0], capacity)
-            except SampleStructureError:
-                pass
-        collate = loader.collate_fn
-        if not loader._auto_collation:
-            collate = partial(_convert_one, collate)
-        size = len(pickle.dumps(collate([dataset[i] for i in first_batch]), protocol=pickle.HIGHEST_PROTOCOL))
-        return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
-
     def close(self) -> None:
         """Stops persistent workers now."""
         if self._runtime is not None:
@@ -241,6 +312,40 @@ class DataLoader:
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
             runtime.close()
+
+
+def _probe_batch(dataset: Any, collate: Callable[[list], Any], zero_copy: bool, first_batch: list[int],
+                 capacity: int, setup: Callable[[int, int], None], num_workers: int) -> tuple[str, Any]:
+    """In the probe process, as worker 0: ("layout", BatchLayout) when default collate meets
+    fixed-shape samples, else ("pickled", slot bytes sized from the first batch)."""
+    setup(0, num_workers)
+    if zero_copy:
+        try:
+            return "layout", BatchLayout(dataset[first_batch[0]], first_batch[0], capacity)
+        except SampleStructureError:
+            pass
+    size = len(pickle.dumps(collate([dataset[i] for i in first_batch]), protocol=pickle.HIGHEST_PROTOCOL))
+    return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
+
+
+def _probe_stream(dataset: Any, collate: Callable[[list], Any], zero_copy: bool, n: int,
+                  setup: Callable[[int, int], None], num_workers: int) -> tuple[str, Any]:
+    """In the probe process, as worker 0: the first batch of worker 0's stream sizes the slots."""
+    setup(0, num_workers)
+    samples = []
+    for sample in dataset:
+        samples.append(sample)
+        if len(samples) == n:
+            break
+    if samples and zero_copy:
+        try:
+            return "layout", BatchLayout(samples[0], 0, n)
+        except SampleStructureError:
+            pass
+    if not samples:  # worker 0 has nothing: the general path, smallest slots
+        return "pickled", _MIN_PICKLE_SLOT
+    size = len(pickle.dumps(collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
+    return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:

@@ -102,6 +102,13 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
   start();
 }
 
+Loader::Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn)
+    : options_(options), batches_(std::move(batches)) {
+  prepare();
+  pool_ = std::make_unique<WorkerPool>(options.num_workers, spawn, ring_->segment.fd());
+  start();
+}
+
 void Loader::prepare() {
   const LoaderOptions& options = options_;
   if (options.num_workers < 1)

@@ -1,6 +1,9 @@
 #include <spindle/worker_context.hpp>
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +79,30 @@ void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept
   std::memcpy(ring_.payload(item.slot), report.data(), n);
   ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
   finish(item, SlotState::kFailed);
+}
+
+AttachedWorker::AttachedWorker(int segment_fd, int worker_id, pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent)
+    SPINDLE_THROW(std::runtime_error, "spindle: the consumer (pid " + std::to_string(parent) + ") is gone");
+  struct stat st {};
+  if (fstat(segment_fd, &st) != 0) SPINDLE_THROW_ERRNO("spindle: worker cannot stat the loader's segment");
+  size_ = static_cast<std::size_t>(st.st_size);
+  mem_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
+  if (mem_ == MAP_FAILED) SPINDLE_THROW_ERRNO("spindle: worker cannot map the loader's segment");
+  close(segment_fd);
+  BatchRing ring(static_cast<std::byte*>(mem_));
+  if (ring.header().magic != RingHeader::kMagic || worker_id < 0 ||
+      static_cast<uint32_t>(worker_id) >= ring.geometry().num_workers)
+    SPINDLE_THROW(std::invalid_argument, "spindle: descriptor " + std::to_string(segment_fd) +
+                                             " is not a loader segment for worker " + std::to_string(worker_id));
+  ring.worker(static_cast<uint32_t>(worker_id)).pid.store(getpid(), std::memory_order_relaxed);
+  context_.emplace(ring, worker_id, parent);
+}
+
+AttachedWorker::~AttachedWorker() {
+  context_.reset();
+  if (mem_ && mem_ != MAP_FAILED) munmap(mem_, size_);
 }
 
 WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {

@@ -1,6 +1,7 @@
 #include <spindle/worker_pool.hpp>
 
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,8 @@
 
 #include <spindle/error.hpp>
 #include <spindle/zygote.hpp>
+
+extern "C" char** environ;
 
 namespace spindle {
 
@@ -70,6 +73,34 @@ WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segme
       shutdown(std::chrono::milliseconds(0));
       throw;
     }
+  }
+}
+
+WorkerPool::WorkerPool(int n, const SpawnSpec& spec, int segment_fd) {
+  if (spec.argv.empty()) SPINDLE_THROW(std::invalid_argument, "spindle: SpawnSpec needs a program");
+  const std::string parent = std::to_string(getpid());
+  for (int w = 0; w < n; ++w) {
+    std::vector<std::string> args = spec.argv;
+    args.insert(args.end(), {"--worker", std::to_string(w), "--parent", parent});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    // dup2 onto fixed numbers; the copies do not carry FD_CLOEXEC.
+    posix_spawn_file_actions_adddup2(&actions, segment_fd, kSpawnSegmentFd);
+    for (std::size_t i = 0; i < spec.fds.size(); ++i)
+      posix_spawn_file_actions_adddup2(&actions, spec.fds[i], kSpawnSegmentFd + 1 + static_cast<int>(i));
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      shutdown(std::chrono::milliseconds(0));
+      errno = rc;
+      SPINDLE_THROW_ERRNO("spindle: could not spawn worker " + std::to_string(w) + " (" + spec.argv[0] + ")");
+    }
+    pids_.push_back(pid);
+    reaped_.push_back(false);
   }
 }
 

@@ -218,3 +218,14 @@ def test_iterable_datasets_give_torchs_batches_in_torchs_order(kwargs):
     assert len(got) == len(expected)
     for k, (a, b) in enumerate(zip(got, expected)):
         same(a, b, f"batch {k}")
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
+def test_multiprocessing_contexts_give_torchs_batches(context):
+    """'spawn' and 'forkserver' start workers as new interpreters (nothing forked), 'fork' forks; all give
+    torch's batches, for map-style and iterable datasets."""
+    for dataset, kwargs in ((Mixed(), dict(batch_size=8, shuffle=True, seed=3)), (Shards(), dict(batch_size=3))):
+        expected, got = both(dataset, num_workers=2, multiprocessing_context=context, **kwargs)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            same(a, b)

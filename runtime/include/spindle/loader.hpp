@@ -89,6 +89,8 @@ class Loader {
   // must outlive the loader.
   Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
          const std::string& main);
+  // The same, with workers started as new programs (see SpawnSpec).
+  Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -58,6 +58,24 @@ class WorkerContext {
 
 using WorkerMain = std::function<int(WorkerContext&)>;
 
+// A spawned worker's view of the loader: maps the segment from descriptor
+// `segment_fd`, records its pid, and makes the context. The mapping lives as
+// long as this object; the process should die with `parent`
+// (PR_SET_PDEATHSIG is set here, and getppid() is checked).
+class AttachedWorker {
+ public:
+  AttachedWorker(int segment_fd, int worker_id, pid_t parent);
+  ~AttachedWorker();
+  AttachedWorker(const AttachedWorker&) = delete;
+  AttachedWorker& operator=(const AttachedWorker&) = delete;
+  WorkerContext& context() noexcept { return *context_; }
+
+ private:
+  void* mem_ = nullptr;
+  std::size_t size_ = 0;
+  std::optional<WorkerContext> context_;
+};
+
 // Producer of one sample: writes sample `index` into `out` (sample_bytes).
 using SampleFn = std::function<void(int64_t index, std::span<std::byte> out)>;
 

@@ -30,6 +30,17 @@ struct ForkHooks {
   std::function<void()> after_fork_child;
 };
 
+// A worker started as a new program (posix_spawn) instead of a fork, for
+// callers whose process must not be forked (e.g. CUDA initialized). Worker w
+// runs `argv` + ["--worker", w, "--parent", <consumer pid>] with the segment
+// on descriptor 3 and `fds[i]` on descriptor 4 + i; it attaches with
+// attach_worker() (worker_context.hpp).
+struct SpawnSpec {
+  std::vector<std::string> argv;  // argv[0] is the program path
+  std::vector<int> fds;           // extra descriptors the program reads
+};
+inline constexpr int kSpawnSegmentFd = 3;
+
 // How a worker ended.
 struct WorkerExit {
   int worker_id = -1;
@@ -48,6 +59,8 @@ class WorkerPool {
   WorkerPool(int n, const std::function<int(int)>& child_main, const ForkHooks& hooks);
   // Has `zygote` fork `n` workers running its main `main` over `segment_fd`.
   WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd);
+  // Starts `n` workers as new programs (see SpawnSpec).
+  WorkerPool(int n, const SpawnSpec& spec, int segment_fd);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;

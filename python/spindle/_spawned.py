@@ -1,0 +1,73 @@
+"""Entry point of a spawned worker: ``python -m spindle._spawned --worker W --parent PID``.
+
+Used instead of fork when the consumer must not be forked (torch's
+``multiprocessing_context='spawn'`` or ``'forkserver'``, e.g. after CUDA was
+initialized). The loader's segment is on descriptor 3 (see SpawnSpec in
+runtime/include/spindle/worker_pool.hpp) and a pickled ``(body, kwargs)`` on
+descriptor 4; the worker attaches to the segment and runs
+``body(context, **kwargs)`` exactly as a forked worker would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+from typing import Any, Callable
+
+SEGMENT_FD = 3
+PAYLOAD_FD = 4
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="spindle._spawned")
+    parser.add_argument("--worker", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    args = parser.parse_args()
+    with os.fdopen(PAYLOAD_FD, "rb") as f:
+        body, kwargs = pickle.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+    from . import _core
+
+    attached = _core.AttachedWorker(SEGMENT_FD, args.worker, args.parent)
+    try:
+        return body(attached.context, **kwargs) or 0
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def worker_argv() -> list[str]:
+    """The program a spawned worker runs: this interpreter, with this process's
+    sys.path (so that the dataset's own modules unpickle), then main()."""
+    return [sys.executable, "-c",
+            f"import sys; sys.path[:0] = {sys.path!r}; from spindle._spawned import main; sys.exit(main())"]
+
+
+def payload_fd(body: Any, kwargs: dict[str, Any]) -> int:
+    """A memfd holding the pickled (body, kwargs) for the workers; the caller closes it."""
+    fd = os.memfd_create("spindle-worker-payload")
+    os.write(fd, pickle.dumps((body, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+    return fd
+
+
+def run_spawned(fn: Callable[[], Any]) -> Any:
+    """Returns fn() computed in a new interpreter (no fork); re-raises its exception here."""
+    code = (f"import sys, pickle; sys.path[:0] = {sys.path!r}\n"
+            "fn = pickle.load(sys.stdin.buffer)\n"
+            "try:\n    out = ('ok', fn())\n"
+            "except BaseException as exc:\n    out = ('error', exc)\n"
+            "sys.stdout.buffer.write(pickle.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(fn), capture_output=True)
+    if done.returncode != 0 or not done.stdout:
+        raise RuntimeError("spindle: the spawned process probing the first batch failed:\n"
+                           + done.stderr.decode(errors="replace")[-3000:])
+    kind, value = pickle.loads(done.stdout)
+    if kind == "error":
+        raise value
+    return value
