@@ -101,9 +101,9 @@ class _PrefetchIterator(grain.DatasetIterator):
         n = self._n
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
                         worker_init_fn=self._worker_init_fn, states=self._states)
-        slot_bytes, initial = run_forked(partial(_probe, self._ds, setup, n))
+        slot_bytes = run_forked(partial(_probe, self._ds, setup, n))
         if self._states is None:
-            self._states = initial
+            self._states = [None] * n  # None: the worker starts its slice from the beginning
         pickled = PickledBatches(lambda elements: elements[0], slot_bytes)
         body = partial(run_stream_worker, dataset=_WorkerSlice(), layout=pickled, setup=setup, batch_size=1,
                        drop_last=False)
@@ -122,10 +122,12 @@ class _PrefetchIterator(grain.DatasetIterator):
         return self._it.worker_pids
 
     def get_state(self) -> dict[str, Any]:
-        if self._states is None:  # nothing read yet: every worker at its start
-            self._states = run_forked(partial(_probe, self._ds, partial(
-                _slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice, worker_init_fn=None,
-                states=None), self._n))[1]
+        if self._states is None:
+            self._states = [None] * self._n
+        fresh = [w for w, state in enumerate(self._states) if state is None]
+        if fresh:  # workers that have not produced an element yet: the state of a new slice
+            for w in fresh:
+                self._states[w] = run_forked(partial(_initial_state, self._ds, self._n, w, self._sequential_slice))
         return {
             "next_index_in_cycle": self._next_in_cycle,
             "next_index_in_datasets": self._n,
@@ -176,26 +178,27 @@ def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_s
     _grain_prefetch._set_slice_iter_dataset(ds, slice(worker_id, None, num_workers), sequential_slice)
     _read_in_this_thread(ds)
     it = iter(ds)
-    if states is not None:
+    if states is not None and states[worker_id] is not None:
         it.set_state(copy.deepcopy(states[worker_id]))
     _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id
 
 
-def _probe(ds: Any, setup: Callable[[int, int], None], num_workers: int) -> tuple[int, list[Any]]:
-    """In a throwaway fork: the slot size (twice worker 0's first pickled element, >= 64 KiB) and
-    each worker's initial iterator state (its slice, before any element)."""
-    initial = []
-    for w in range(num_workers):
-        worker_ds = copy.deepcopy(ds)
-        _grain_prefetch._set_slice_iter_dataset(worker_ds, slice(w, None, num_workers), False)
-        _read_in_this_thread(worker_ds)
-        initial.append(iter(worker_ds).get_state())
+def _probe(ds: Any, setup: Callable[[int, int], None], num_workers: int) -> int:
+    """In a throwaway fork, as worker 0: the slot size, twice its first pickled element (>= 64 KiB)."""
     setup(0, num_workers)
     size = 0
     for element in _WorkerSlice():
         size = len(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
         break
-    return max(_MIN_SLOT, 2 * size + PickledBatches.HEADER), initial
+    return max(_MIN_SLOT, 2 * size + PickledBatches.HEADER)
+
+
+def _initial_state(ds: Any, num_workers: int, worker: int, sequential_slice: bool) -> Any:
+    """In a throwaway fork (its own copy-on-write copy of the pipeline, which slicing
+    mutates): the iterator state of `worker`'s slice before any element."""
+    _grain_prefetch._set_slice_iter_dataset(ds, slice(worker, None, num_workers), sequential_slice)
+    _read_in_this_thread(ds)
+    return iter(ds).get_state()
 
 
 def _read_in_this_thread(ds: Any) -> None:
