@@ -14,7 +14,7 @@ import random
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import numpy as np
 

@@ -39,7 +39,6 @@ import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils import worker as _torch_worker
-from torch.utils.data._utils.collate import default_collate
 
 from . import _core
 from ._layout import BatchLayout, SampleStructureError
@@ -216,91 +215,6 @@ class DataLoader:
             slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
             timeout=loader.timeout)
         return _WorkerIterator(runtime, decode, owns=True)
-
-    def _collate(self) -> Callable[[list], Any]:
-        loader = self._torch
-        return loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
-
-    def _zero_copy(self) -> bool:
-        return self._torch._auto_collation and not self._user_collate
-
-    def _spawns(self) -> bool:
-        context = self._torch.multiprocessing_context
-        method = context if isinstance(context, str) or context is None else context.get_start_method()
-        return method in ("spawn", "forkserver")
-
-    def _isolated(self, fn: Callable[[], Any]) -> Any:
-        """fn() in a throwaway process: a fork, or a new interpreter when forking is not wanted."""
-        return run_spawned(fn) if self._spawns() else run_forked(fn)
-
-    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
-        """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
-        if self._spawns():
-            fd = payload_fd(body, kwargs)
-            try:
-                return _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd], **options)
-            finally:
-                os.close(fd)
-        with forking():
-            return _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
-
-    def _transport(self, kind: str, found: Any) -> Any:
-        """The probe's answer as a transport: its BatchLayout, or pickled batches of that slot size."""
-        if kind == "layout":
-            return found
-        return PickledBatches(self._collate(), found)
-
-    def _decoder(self, layout: Any) -> Callable[[Any], Any]:
-        """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
-        if isinstance(layout, PickledBatches):
-            decode = layout.read
-        else:
-            def decode(lease: Any) -> Any:
-                return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy,
-                                     tuples_as_lists=True)
-        if self._torch.pin_memory and torch.cuda.is_available():
-            from torch.utils.data._utils.pin_memory import pin_memory
-            return lambda lease: pin_memory(decode(lease))
-        return decode
-
-    def _iter_streams(self) -> Any:
-        """IterableDataset: each worker iterates its own copy; batches come round-robin from the
-        workers whose streams have not ended, as torch's do."""
-        loader = self._torch
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        n = loader.batch_size if loader._auto_collation else 1
-        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
-                        worker_init_fn=loader.worker_init_fn)
-        layout = self._transport(*self._isolated(partial(
-            _probe_stream, loader.dataset, self._collate(), self._zero_copy(), n, setup, loader.num_workers)))
-        decode = self._decoder(layout)
-        runtime = self._runtime_for(
-            run_stream_worker, dict(dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
-                                    drop_last=loader.drop_last),
-            order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
-            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
-            timeout=loader.timeout)
-        return _WorkerIterator(runtime, decode, owns=True)
-
-    def _probe_stream(self, n: int, setup: Callable[[int, int], None]) -> Any:
-        """In the probe process, as worker 0: the first batch of worker 0's stream sizes the slots."""
-        loader = self._torch
-        setup(0, loader.num_workers)
-        samples = []
-        for sample in loader.dataset:
-            samples.append(sample)
-            if len(samples) == n:
-                break
-        if samples and loader._auto_collation and not self._user_collate:
-            try:
-                return "layout", BatchLayout(samples[0], 0, n)
-            except SampleStructureError:
-                pass
-        if not samples:  # worker 0 has nothing: the general path, smallest slots
-            return "pickled", _MIN_PICKLE_SLOT
-        collate = loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
-        size = len(pickle.dumps(collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
-        return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
 
     def close(self) -> None:
         """Stops persistent workers now."""

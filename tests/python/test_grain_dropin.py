@@ -9,7 +9,6 @@ import pytest
 grain = pytest.importorskip("grain")
 from absl import flags  # noqa: E402  (grain's multiprocessing reads absl flags)
 
-import spindle  # noqa: E402
 import spindle.grain as sgrain  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()

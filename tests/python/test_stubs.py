@@ -1,6 +1,5 @@
 """The committed type stubs of the extension match the built module."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
