@@ -36,12 +36,17 @@ _ONE_THREAD_ENV = {
 _XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
+def one_thread_environment() -> dict[str, str]:
+    """The environment variables that make runtimes start single-threaded pools."""
+    env = dict(_ONE_THREAD_ENV)
+    flags = os.environ.get("XLA_FLAGS", "")
+    env["XLA_FLAGS"] = flags if "xla_cpu_multi_thread_eigen" in flags else (flags + " " + _XLA_FLAGS).strip()
+    return env
+
+
 def cap_worker_pools() -> None:
     """Caps thread pools in this (worker) process before user code runs."""
-    os.environ.update(_ONE_THREAD_ENV)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + _XLA_FLAGS).strip()
+    os.environ.update(one_thread_environment())
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)

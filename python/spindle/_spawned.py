@@ -11,11 +11,14 @@ descriptor 4; the worker attaches to the segment and runs
 from __future__ import annotations
 
 import argparse
+import multiprocessing.spawn
 import os
 import pickle
 import subprocess
 import sys
 from typing import Any, Callable
+
+from ._caps import cap_worker_pools, one_thread_environment
 
 SEGMENT_FD = 3
 PAYLOAD_FD = 4
@@ -27,7 +30,12 @@ def main() -> int:
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
     with os.fdopen(PAYLOAD_FD, "rb") as f:
-        body, kwargs = pickle.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+        preparation, inner = pickle.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+    # Before the main script is re-imported (it may import torch, numpy, JAX):
+    # pools then start capped, which they cannot be once started.
+    cap_worker_pools()
+    _prepare(preparation)
+    body, kwargs = pickle.loads(inner)
     from . import _core
 
     attached = _core.AttachedWorker(SEGMENT_FD, args.worker, args.parent)
@@ -42,28 +50,51 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
+def _preparation() -> dict[str, Any]:
+    """What a new interpreter needs to unpickle objects defined in this program's
+    main script: multiprocessing's own spawn preparation (sys.path, the main
+    module's path, the working directory), without the process authkey."""
+    data = multiprocessing.spawn.get_preparation_data("spindle-worker")
+    data.pop("authkey", None)
+    return data
+
+
+def _prepare(data: dict[str, Any]) -> None:
+    """In the new interpreter: load the parent's main script as __mp_main__, as
+    multiprocessing's spawn does, so its classes and functions unpickle."""
+    multiprocessing.spawn.prepare(data)
+
+
 def worker_argv() -> list[str]:
     """The program a spawned worker runs: this interpreter, with this process's
     sys.path (so that the dataset's own modules unpickle), then main()."""
+    # The environment comes first: importing spindle imports numpy, whose
+    # OpenBLAS starts its pool at import time.
     return [sys.executable, "-c",
-            f"import sys; sys.path[:0] = {sys.path!r}; from spindle._spawned import main; sys.exit(main())"]
+            f"import os; os.environ.update({one_thread_environment()!r}); import sys; "
+            f"sys.path[:0] = {sys.path!r}; from spindle._spawned import main; sys.exit(main())"]
 
 
 def payload_fd(body: Any, kwargs: dict[str, Any]) -> int:
     """A memfd holding the pickled (body, kwargs) for the workers; the caller closes it."""
     fd = os.memfd_create("spindle-worker-payload")
-    os.write(fd, pickle.dumps((body, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+    inner = pickle.dumps((body, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    os.write(fd, pickle.dumps((_preparation(), inner), protocol=pickle.HIGHEST_PROTOCOL))
     return fd
 
 
 def run_spawned(fn: Callable[[], Any]) -> Any:
     """Returns fn() computed in a new interpreter (no fork); re-raises its exception here."""
     code = (f"import sys, pickle; sys.path[:0] = {sys.path!r}\n"
-            "fn = pickle.load(sys.stdin.buffer)\n"
+            "from spindle._spawned import _prepare\n"
+            "preparation, inner = pickle.load(sys.stdin.buffer)\n"
+            "_prepare(preparation)\n"
+            "fn = pickle.loads(inner)\n"
             "try:\n    out = ('ok', fn())\n"
             "except BaseException as exc:\n    out = ('error', exc)\n"
             "sys.stdout.buffer.write(pickle.dumps(out))\n")
-    done = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(fn), capture_output=True)
+    payload = pickle.dumps((_preparation(), pickle.dumps(fn)))
+    done = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True)
     if done.returncode != 0 or not done.stdout:
         raise RuntimeError("spindle: the spawned process probing the first batch failed:\n"
                            + done.stderr.decode(errors="replace")[-3000:])

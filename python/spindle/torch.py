@@ -69,15 +69,12 @@ class DataLoader:
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order)
-        if num_workers > 0 and persistent_workers and isinstance(dataset, IterableDataset):
-            raise NotImplementedError(
-                "spindle.torch.DataLoader: persistent_workers=True with an IterableDataset is not supported "
-                "yet (workers would have to restart their streams); use persistent_workers=False")
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
         self._layout: Any = None
         self._capacity = 0
         self._base_seed = 0
+        self._stream_epochs = 0
         self._runtime_epoch = 0
         self._persistent_epoch = 0
 
@@ -201,7 +198,15 @@ class DataLoader:
         """IterableDataset: each worker iterates its own copy; batches come round-robin from the
         workers whose streams have not ended, as torch's do."""
         loader = self._torch
-        base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        # With persistent workers torch draws the base seed once, for the first
+        # epoch. spindle restarts stream workers every epoch (each must call
+        # iter(dataset) again) but seeds them as torch's persistent ones.
+        if self.persistent_workers and self._stream_epochs > 0:
+            base_seed = self._base_seed
+        else:
+            base_seed = self._base_seed = torch.empty((), dtype=torch.int64).random_(
+                generator=loader.generator).item()
+        self._stream_epochs += 1
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)

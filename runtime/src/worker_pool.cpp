@@ -1,5 +1,6 @@
 #include <spindle/worker_pool.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -79,6 +80,24 @@ WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segme
 WorkerPool::WorkerPool(int n, const SpawnSpec& spec, int segment_fd) {
   if (spec.argv.empty()) SPINDLE_THROW(std::invalid_argument, "spindle: SpawnSpec needs a program");
   const std::string parent = std::to_string(getpid());
+  // Move every source above the targets first: a source that already sits on
+  // a target number (say the payload on 3) would be overwritten by an earlier
+  // dup2 of the same spawn.
+  struct Fds {
+    std::vector<int> fds;
+    ~Fds() {
+      for (int fd : fds) close(fd);
+    }
+  } high;
+  auto lift = [&](int fd) {
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, kSpawnSegmentFd + 1 + static_cast<int>(spec.fds.size()));
+    if (moved < 0) SPINDLE_THROW_ERRNO("spindle: cannot duplicate descriptor " + std::to_string(fd));
+    high.fds.push_back(moved);
+    return moved;
+  };
+  const int segment = lift(segment_fd);
+  std::vector<int> sources;
+  for (int fd : spec.fds) sources.push_back(lift(fd));
   for (int w = 0; w < n; ++w) {
     std::vector<std::string> args = spec.argv;
     args.insert(args.end(), {"--worker", std::to_string(w), "--parent", parent});
@@ -88,9 +107,9 @@ WorkerPool::WorkerPool(int n, const SpawnSpec& spec, int segment_fd) {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     // dup2 onto fixed numbers; the copies do not carry FD_CLOEXEC.
-    posix_spawn_file_actions_adddup2(&actions, segment_fd, kSpawnSegmentFd);
-    for (std::size_t i = 0; i < spec.fds.size(); ++i)
-      posix_spawn_file_actions_adddup2(&actions, spec.fds[i], kSpawnSegmentFd + 1 + static_cast<int>(i));
+    posix_spawn_file_actions_adddup2(&actions, segment, kSpawnSegmentFd);
+    for (std::size_t i = 0; i < sources.size(); ++i)
+      posix_spawn_file_actions_adddup2(&actions, sources[i], kSpawnSegmentFd + 1 + static_cast<int>(i));
     pid_t pid = 0;
     const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);

@@ -229,3 +229,31 @@ def test_multiprocessing_contexts_give_torchs_batches(context):
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             same(a, b)
+
+
+class ThreadCount(Dataset):
+    """Each sample is the number of threads of the process that loads it."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        import os
+        return len(os.listdir("/proc/self/task"))
+
+
+def test_spawned_workers_run_one_thread_even_after_importing_numpy_and_torch():
+    """With 'spawn', pools are capped before the new interpreter imports numpy/torch: one thread per worker."""
+    counts = torch.cat(list(DataLoader(ThreadCount(), batch_size=4, num_workers=2, multiprocessing_context="spawn")))
+    assert counts.tolist() == [1] * 16
+
+
+def test_persistent_workers_with_an_iterable_dataset_match_torchs_epochs():
+    """persistent_workers=True with an IterableDataset: two epochs equal torch's two epochs."""
+    loaders = [cls(Shards(), batch_size=3, num_workers=2, persistent_workers=True,
+                   generator=torch.Generator().manual_seed(9)) for cls in (TorchLoader, DataLoader)]
+    for _ in range(2):
+        expected, got = (list(iter(loader)) for loader in loaders)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            same(a, b)
