@@ -162,7 +162,7 @@ void register_loader(py::module_& m) {
                        int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads, bool round_robin,
-                       int first_worker, std::optional<std::vector<std::string>> spawn_argv,
+                       bool assign_in_turn, int first_worker, std::optional<std::vector<std::string>> spawn_argv,
                        std::vector<int> spawn_fds) {
              LoaderOptions o;
              o.num_workers = num_workers;
@@ -173,6 +173,7 @@ void register_loader(py::module_& m) {
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
              o.max_threads = max_threads;
              o.round_robin = round_robin;
+             o.assign_in_turn = assign_in_turn;
              o.first_worker = first_worker;
              if (spawn_argv)  // workers are new programs: nothing is forked, worker_main is unused
                return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
@@ -185,7 +186,7 @@ void register_loader(py::module_& m) {
            py::arg("worker_main"), py::arg("num_workers"),
            py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
-           py::arg("round_robin") = false, py::arg("first_worker") = 0, py::arg("spawn_argv") = py::none(),
+           py::arg("round_robin") = false, py::arg("assign_in_turn") = false, py::arg("first_worker") = 0, py::arg("spawn_argv") = py::none(),
            py::arg("spawn_fds") = std::vector<int>{})
       .def("next",
            [](Loader& l) -> py::object {

@@ -139,7 +139,8 @@ class DataLoader:
                 self._runtime = None
         runtime = self._runtime_for(
             run_worker, dict(dataset=loader.dataset, layout=layout, setup=setup),
-            order=order, starts=starts, num_workers=loader.num_workers, batch_capacity=self._capacity,
+            order=order, starts=starts, assign_in_turn=True, num_workers=loader.num_workers,
+            batch_capacity=self._capacity,
             slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
             timeout=loader.timeout)
         if not self.persistent_workers:

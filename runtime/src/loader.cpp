@@ -136,7 +136,8 @@ void Loader::prepare() {
   next_worker_ = static_cast<uint32_t>(options.first_worker);
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
-  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes, options.round_robin};
+  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes,
+                 options.round_robin || options.assign_in_turn};
   const std::size_t bytes = BatchRing::bytes_for(g);
   ring_ = std::make_shared<RingStorage>(
       bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
@@ -238,7 +239,8 @@ void Loader::post_more() {
     h.flags = 0;
     std::copy(idx.begin(), idx.end(), r.indices(s));
     r.set_state(s, SlotState::kPosted);
-    r.queue().post(s);
+    // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
+    r.queue(options_.assign_in_turn ? 1 + static_cast<uint32_t>(next_post_ % options_.num_workers) : 0).post(s);
     inflight_.push_back(s);
     ++next_post_;
   }

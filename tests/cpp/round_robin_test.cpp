@@ -1,6 +1,8 @@
 // Round-robin (stream) mode: each worker produces its own stream of batches.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <vector>
 
@@ -61,6 +63,33 @@ TEST(RoundRobin, BatchesAlternateOverLiveWorkersUntilEveryStreamEnds) {
 TEST(RoundRobin, ResetIsRefused) {
   spindle::Loader loader(options(2, 1), spindle::BatchPlan{}, stream_worker);
   EXPECT_THROW(loader.reset(spindle::BatchPlan{}), std::logic_error);
+}
+
+// Proves: with assign_in_turn, planned batch k is produced by worker k mod N
+// (torch's assignment), whatever the workers' speeds.
+TEST(RoundRobin, AssignInTurnSendsBatchKToWorkerKModN) {
+  spindle::LoaderOptions o;
+  o.num_workers = 3;
+  o.batch_capacity = 2;
+  o.slot_bytes = 2 * sizeof(int32_t);
+  o.assign_in_turn = true;
+  std::vector<std::vector<int64_t>> plan;
+  for (int64_t b = 0; b < 20; ++b) plan.push_back({2 * b, 2 * b + 1});
+  auto who = [](spindle::WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      if (ctx.worker_id() == 0) usleep(2000);  // a slow worker must not lose its turn
+      *reinterpret_cast<int32_t*>(item->out.data()) = ctx.worker_id();
+      ctx.commit(*item);
+    }
+    return 0;
+  };
+  spindle::Loader loader(o, plan, who);
+  int64_t k = 0;
+  while (auto b = loader.next()) {
+    EXPECT_EQ(*reinterpret_cast<const int32_t*>(b->data().data()), k % 3) << "batch " << k;
+    ++k;
+  }
+  EXPECT_EQ(k, 20);
 }
 
 }  // namespace

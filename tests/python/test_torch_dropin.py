@@ -257,3 +257,22 @@ def test_persistent_workers_with_an_iterable_dataset_match_torchs_epochs():
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             same(a, b)
+
+
+class Augmented(Dataset):
+    """Random augmentation drawn from the worker's random, numpy and torch streams."""
+
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        import random
+        return {"i": i, "py": random.random(), "np": np.random.rand(2), "torch": torch.rand(2)}
+
+
+def test_random_augmentations_in_workers_equal_torchs():
+    """Batches go to workers as torch sends them (batch k to worker k mod N) and workers are seeded like
+    torch's, so values drawn from random/numpy/torch in the workers equal torch's."""
+    expected, got = both(Augmented(), batch_size=4, shuffle=True, num_workers=3, seed=21)
+    for a, b in zip(got, expected):
+        same(a, b)

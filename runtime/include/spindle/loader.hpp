@@ -41,6 +41,10 @@ struct LoaderOptions {
   // WorkerContext::exhausted), each up to batch_capacity samples; next()
   // ends when every worker's stream has ended.
   bool round_robin = false;
+  // Planned batches: batch k always goes to worker k mod N (as torch assigns
+  // them), so per-worker state such as random streams sees the same batches
+  // run after run. Off: the first free worker takes the next batch.
+  bool assign_in_turn = false;
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
