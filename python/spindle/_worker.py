@@ -93,6 +93,12 @@ class PickledBatches:
         return pickle.loads(raw[self.HEADER:self.HEADER + n])
 
 
+def _slot_arrays(mem: Any, geo: dict[str, int], layout: Any, slot: int) -> list[np.ndarray]:
+    """The layout's arrays over ring slot `slot` of the shared segment `mem`."""
+    start = geo["payload_offset"] + slot * geo["slot_stride"]
+    return layout.views(mem[start:start + geo["slot_bytes"]])
+
+
 def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
     """Prepares a worker before any user code; False if `setup` raised.
 
@@ -136,8 +142,7 @@ def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], 
             if slot not in slots:
                 indices = np.frombuffer(mem, dtype=np.int64, count=cap,
                                         offset=geo["indices_offset"] + slot * cap * 8)
-                payload = mem[geo["payload_offset"] + slot * stride:][:geo["slot_bytes"]]
-                slots[slot] = (indices, layout.views(payload))
+                slots[slot] = (indices, _slot_arrays(mem, geo, layout, slot))
             indices, arrays = slots[slot]
             index = -1
             try:
@@ -197,8 +202,7 @@ def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int,
                     ctx.exhausted(item)
                     continue
                 if item.slot not in slots:
-                    payload = mem[geo["payload_offset"] + item.slot * stride:][:geo["slot_bytes"]]
-                    slots[item.slot] = layout.views(payload)
+                    slots[item.slot] = _slot_arrays(mem, geo, layout, item.slot)
                 first = position - len(samples)
                 layout.write_batch(slots[item.slot], samples, list(range(first, position)))
                 ctx.commit(item, len(samples))

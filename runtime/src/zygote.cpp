@@ -2,10 +2,8 @@
 
 #include <poll.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,19 +62,13 @@ ssize_t recv_fd(int sock, Request& req, int& fd) {
   return n;
 }
 
-// Runs in a worker forked by the zygote: map the segment and run the body.
+// Runs in a worker forked by the zygote: attach to the segment (as a spawned
+// worker does) and run the body.
 [[noreturn]] void run_worker(const WorkerMain& main, int worker_id, int fd) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0) _exit(1);
-  void* mem = mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (mem == MAP_FAILED) _exit(1);
-  BatchRing ring(static_cast<std::byte*>(mem));
-  ring.worker(static_cast<uint32_t>(worker_id)).pid.store(getpid(), std::memory_order_relaxed);
   int rc = 1;
   try {
-    WorkerContext ctx(ring, worker_id, getppid());
-    rc = main(ctx);
+    AttachedWorker attached(fd, worker_id, getppid());
+    rc = main(attached.context());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "spindle: worker %d (pid %d) stopped: %s\n", worker_id, getpid(), e.what());
   }
