@@ -1,7 +1,9 @@
 // Loader (consumer side), Lease (a delivered batch) and WorkerContext (the
 // worker side). Lambdas here convert types and release the GIL, nothing else.
 #include <Python.h>
+#include <cmath>
 #include <cstddef>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
@@ -90,9 +92,62 @@ bool gather_rows(const py::buffer& dst, const py::list& rows, std::size_t row_by
   return ok;
 }
 
+// Arrays over a payload laid out by `layout`: `rows` rows of each field,
+// viewing the memory (no copy), kept alive by `owner`.
+py::list field_arrays(const SlotLayout& layout, std::byte* payload, std::size_t rows, py::handle owner) {
+  py::list out;
+  for (std::size_t i = 0; i < layout.num_fields(); ++i) {
+    const FieldSpec& f = layout.field(i);
+    std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(rows)};
+    shape.insert(shape.end(), f.shape.begin(), f.shape.end());
+    std::vector<py::ssize_t> strides(shape.size());
+    py::ssize_t step = static_cast<py::ssize_t>(layout.itemsize(i));
+    for (std::size_t k = shape.size(); k-- > 0;) {
+      strides[k] = step;
+      step *= shape[k];
+    }
+    out.append(py::array(py::dtype(f.dtype), shape, strides, payload + layout.offset(i), owner));
+  }
+  return out;
+}
+
+// A Python-side (dtype string, shape) list as the core's field specs.
+std::vector<FieldSpec> field_specs(const std::vector<std::pair<std::string, std::vector<int64_t>>>& fields) {
+  std::vector<FieldSpec> specs;
+  specs.reserve(fields.size());
+  for (const auto& [dtype, shape] : fields) specs.push_back(FieldSpec{dtype, shape});
+  return specs;
+}
+
+std::chrono::milliseconds timeout_ms(double timeout) {
+  if (std::isnan(timeout) || timeout < 0)
+    throw py::value_error("spindle: timeout must be a non-negative number of seconds (0 or inf: wait forever)");
+  if (std::isinf(timeout) || timeout * 1000.0 >= 9e15) return std::chrono::milliseconds(0);  // forever
+  const auto ms = static_cast<int64_t>(std::ceil(timeout * 1000.0));
+  return std::chrono::milliseconds(ms);
+}
+
 }  // namespace
 
 void register_loader(py::module_& m) {
+  m.attr("MIN_SLOT_BYTES") = BatchRing::kMinSlotStride;
+
+  py::class_<SlotLayout>(m, "SlotLayout",
+                         "How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one "
+                         "C-contiguous block [capacity, *shape] per field, 64-byte aligned.")
+      .def(py::init([](const std::vector<std::pair<std::string, std::vector<int64_t>>>& fields, uint32_t capacity) {
+             return SlotLayout(field_specs(fields), capacity);
+           }),
+           py::arg("fields"), py::arg("capacity"))
+      .def_property_readonly("capacity", &SlotLayout::capacity)
+      .def_property_readonly("bytes", &SlotLayout::bytes)
+      .def_property_readonly("offsets", [](const SlotLayout& l) {
+        std::vector<uint64_t> o;
+        for (std::size_t i = 0; i < l.num_fields(); ++i) o.push_back(l.offset(i));
+        return o;
+      })
+      .def_static("dtype_itemsize", &SlotLayout::dtype_itemsize, py::arg("dtype"));
+
   py::class_<Batch>(m, "Lease", py::buffer_protocol(),
                     "A delivered batch: its bytes stay valid, and its ring slot reserved, while this "
                     "object or any buffer made from it lives.")
@@ -104,6 +159,32 @@ void register_loader(py::module_& m) {
       .def_property_readonly("count", [](const Batch& b) { return b.indices().size(); })
       .def_property_readonly("indices",
                              [](const Batch& b) { return std::vector<int64_t>(b.indices().begin(), b.indices().end()); })
+      .def_property_readonly("kind",
+                             [](const Batch& b) {
+                               switch (b.kind()) {
+                                 case PayloadKind::kArrays: return "arrays";
+                                 case PayloadKind::kBytes: return "bytes";
+                                 default: return "raw";
+                               }
+                             },
+                             "'arrays' (fields laid out by a SlotLayout), 'bytes' (one byte string) or 'raw'.")
+      .def_property_readonly("structure",
+                             [](const Batch& b) { return py::bytes(b.structure().data(), b.structure().size()); },
+                             "The structure bytes the worker sent with an 'arrays' batch.")
+      .def("arrays",
+           [](py::object self) {
+             Batch& b = self.cast<Batch&>();
+             if (b.kind() != PayloadKind::kArrays) throw py::value_error("spindle: this batch holds no arrays");
+             return field_arrays(b.layout(), b.data().data(), b.count(), self);
+           },
+           "The batch's fields as numpy arrays of `count` rows viewing the slot (they keep it reserved).")
+      .def("bytes",
+           [](py::object self) {
+             Batch& b = self.cast<Batch&>();
+             return py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(b.data().size())}, {1},
+                              b.data().data(), self);
+           },
+           "The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).")
       .def_property_readonly("copied_out", &Batch::copied_out);
 
   m.def("gather_rows", &gather_rows, py::arg("dst"), py::arg("rows"), py::arg("row_bytes"),
@@ -113,13 +194,53 @@ void register_loader(py::module_& m) {
   py::class_<WorkItem>(m, "WorkItem")
       .def_readonly("slot", &WorkItem::slot)
       .def_readonly("batch_id", &WorkItem::batch_id)
-      .def_property_readonly("count", [](const WorkItem& w) { return w.indices.size(); });
+      .def_property_readonly("count", [](const WorkItem& w) { return w.indices.size(); })
+      .def_property_readonly("indices",
+                             [](const WorkItem& w) {
+                               return std::vector<int64_t>(w.indices.begin(), w.indices.end());
+                             },
+                             "The sample indices of this batch, in order.");
 
   py::class_<WorkerContext>(m, "WorkerContext")
       .def_property_readonly("worker_id", &WorkerContext::worker_id)
       .def_property_readonly("num_workers", &WorkerContext::num_workers)
       .def("claim", &WorkerContext::claim, py::call_guard<py::gil_scoped_release>())
       .def("set_sample", &WorkerContext::set_sample, py::arg("index"))
+      .def("begin_arrays",
+           [](py::object self, WorkItem& item, const SlotLayout& layout, const py::bytes& structure) {
+             WorkerContext& ctx = self.cast<WorkerContext&>();
+             const std::string_view st(structure);
+             std::span<std::byte> out;
+             {
+               py::gil_scoped_release release;  // may reserve memory (fallocate)
+               out = ctx.begin_arrays(item, layout, st);
+             }
+             return field_arrays(layout, out.data(), layout.capacity(), self);
+           },
+           py::arg("item"), py::arg("layout"), py::arg("structure"),
+           "Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity "
+           "array per field, viewing the slot: write rows 0..count-1, then commit.")
+      .def("put_bytes",
+           [](WorkerContext& ctx, WorkItem& item, const py::buffer& data) {
+             py::buffer_info info = data.request();
+             if (!PyBuffer_IsContiguous(static_cast<Py_buffer*>(info.view()), 'C'))
+               throw py::value_error("spindle: put_bytes needs a contiguous buffer");
+             const std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
+                                                    static_cast<std::size_t>(info.size * info.itemsize));
+             py::gil_scoped_release release;
+             ctx.put_bytes(item, bytes);
+           },
+           py::arg("item"), py::arg("data"), "Stores one byte string (e.g. a pickled batch) as the item's payload.")
+      .def("sample_record",
+           [](py::object self) {
+             WorkerContext& ctx = self.cast<WorkerContext&>();
+             auto& rec = ctx.ring().worker(static_cast<uint32_t>(ctx.worker_id()));
+             static_assert(sizeof(rec.sample_index) == sizeof(int64_t));
+             return py::array(py::dtype("<i8"), {py::ssize_t{1}}, {py::ssize_t{8}},
+                              reinterpret_cast<int64_t*>(&rec.sample_index), self);
+           },
+           "This worker's crash record (one int64: the sample being produced), as an array a loop can "
+           "update with a plain store; the consumer reports it if the worker dies.")
       .def("commit", py::overload_cast<const WorkItem&>(&WorkerContext::commit), py::arg("item"))
       .def("commit", py::overload_cast<const WorkItem&, uint32_t>(&WorkerContext::commit), py::arg("item"),
            py::arg("count"))
@@ -128,29 +249,7 @@ void register_loader(py::module_& m) {
            [](WorkerContext& ctx, const WorkItem& item, py::bytes report) {
              ctx.fail(item, std::string_view(report));
            },
-           py::arg("item"), py::arg("report"))
-      .def("memory",
-           [](WorkerContext& ctx) {
-             RingHeader& h = ctx.ring().header();
-             return py::memoryview::from_memory(static_cast<void*>(&h), static_cast<py::ssize_t>(h.total_bytes),
-                                                /*readonly=*/false);
-           },
-           "The whole shared segment, writable.")
-      .def("layout", [](WorkerContext& ctx) -> py::dict {
-        const RingHeader& h = ctx.ring().header();
-        py::dict d;
-        d["indices_offset"] = h.indices_offset;
-        d["payload_offset"] = h.payload_offset;
-        d["slot_stride"] = h.slot_stride;
-        d["slot_bytes"] = h.geometry.slot_bytes;
-        d["batch_capacity"] = h.geometry.batch_capacity;
-        // Where this worker records the sample it is producing (int64), so the
-        // Python loop can update it with a plain store instead of a call.
-        d["sample_record_offset"] = h.workers_offset +
-                                    sizeof(WorkerRecord) * static_cast<uint64_t>(ctx.worker_id()) +
-                                    offsetof(WorkerRecord, sample_index);
-        return d;
-      });
+           py::arg("item"), py::arg("report"));
 
   py::class_<AttachedWorker>(m, "AttachedWorker",
                              "A spawned worker's mapping of the loader segment and its WorkerContext.")
@@ -160,7 +259,8 @@ void register_loader(py::module_& m) {
   py::class_<Loader>(m, "Loader")
       .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
                        int num_workers,
-                       uint32_t batch_capacity, uint64_t slot_bytes, int prefetch_factor, bool in_order,
+                       uint32_t batch_capacity, uint64_t slot_bytes, std::optional<uint64_t> max_batch_bytes,
+                       int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads, bool round_robin,
                        bool assign_in_turn, int first_worker, std::optional<std::vector<std::string>> spawn_argv,
                        std::vector<int> spawn_fds) {
@@ -168,9 +268,10 @@ void register_loader(py::module_& m) {
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
              o.slot_bytes = slot_bytes;
+             if (max_batch_bytes) o.max_batch_bytes = *max_batch_bytes;
              o.prefetch_factor = prefetch_factor;
              o.in_order = in_order;
-             o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0));
+             o.timeout = timeout_ms(timeout);
              o.max_threads = max_threads;
              o.round_robin = round_robin;
              o.assign_in_turn = assign_in_turn;
@@ -184,7 +285,8 @@ void register_loader(py::module_& m) {
            }),
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none(),
            py::arg("worker_main"), py::arg("num_workers"),
-           py::arg("batch_capacity"), py::arg("slot_bytes"), py::arg("prefetch_factor") = 2,
+           py::arg("batch_capacity"), py::arg("slot_bytes") = 0, py::arg("max_batch_bytes") = py::none(),
+           py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
            py::arg("round_robin") = false, py::arg("assign_in_turn") = false, py::arg("first_worker") = 0, py::arg("spawn_argv") = py::none(),
            py::arg("spawn_fds") = std::vector<int>{})
@@ -193,7 +295,12 @@ void register_loader(py::module_& m) {
              std::optional<Batch> b;
              {
                py::gil_scoped_release release;
-               b = l.next();
+               // While waiting, let Python's signal handlers run (Ctrl-C
+               // raises KeyboardInterrupt here, within one supervision period).
+               b = l.next([] {
+                 py::gil_scoped_acquire gil;
+                 if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+               });
              }
              if (!b) return py::none();
              return py::cast(std::move(*b));
@@ -205,9 +312,11 @@ void register_loader(py::module_& m) {
              l.reset(std::move(plan));
            },
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none())
-      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>())
+      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>(),
+           "Stops the workers; safe from any thread (a next() waiting elsewhere returns None).")
+      .def_property_readonly("closed", &Loader::closed)
       .def_property_readonly("plan", &Loader::plan)
-      .def_property_readonly("worker_pids", &Loader::worker_pids)
+      .def_property_readonly("worker_pids", [](const Loader& l) { return l.worker_pids(); })
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
       .def_property_readonly("copied_out", &Loader::copied_out);

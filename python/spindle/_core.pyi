@@ -3,9 +3,10 @@ spindle's C++ runtime (private; use the spindle package).
 """
 from __future__ import annotations
 import collections.abc
+import numpy
 import typing
 import typing_extensions
-__all__: list[str] = ['AttachedWorker', 'Lease', 'Loader', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
+__all__: list[str] = ['AttachedWorker', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -87,10 +88,36 @@ class ThreadBudget:
         """
         The max_threads cap.
         """
+class SlotLayout:
+    """
+    How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one C-contiguous block [capacity, *shape] per field, 64-byte aligned.
+    """
+    @staticmethod
+    def dtype_itemsize(dtype: str) -> int:
+        ...
+    def __init__(self, fields: collections.abc.Sequence[tuple[str, collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]]], capacity: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def bytes(self) -> int:
+        ...
+    @property
+    def capacity(self) -> int:
+        ...
+    @property
+    def offsets(self) -> list[int]:
+        ...
 class Lease:
     """
     A delivered batch: its bytes stay valid, and its ring slot reserved, while this object or any buffer made from it lives.
     """
+    def arrays(self) -> list:
+        """
+        The batch's fields as numpy arrays of `count` rows viewing the slot (they keep it reserved).
+        """
+    def bytes(self) -> numpy.ndarray:
+        """
+        The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).
+        """
     @property
     def batch_id(self) -> int:
         ...
@@ -103,6 +130,16 @@ class Lease:
     @property
     def indices(self) -> list[int]:
         ...
+    @property
+    def kind(self) -> str:
+        """
+        'arrays' (fields laid out by a SlotLayout), 'bytes' (one byte string) or 'raw'.
+        """
+    @property
+    def structure(self) -> bytes:
+        """
+        The structure bytes the worker sent with an 'arrays' batch.
+        """
 class WorkItem:
     @property
     def batch_id(self) -> int:
@@ -111,9 +148,18 @@ class WorkItem:
     def count(self) -> int:
         ...
     @property
+    def indices(self) -> list[int]:
+        """
+        The sample indices of this batch, in order.
+        """
+    @property
     def slot(self) -> int:
         ...
 class WorkerContext:
+    def begin_arrays(self, item: WorkItem, layout: SlotLayout, structure: bytes) -> list:
+        """
+        Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity array per field, viewing the slot: write rows 0..count-1, then commit.
+        """
     def claim(self) -> WorkItem | None:
         ...
     @typing.overload
@@ -126,11 +172,13 @@ class WorkerContext:
         ...
     def fail(self, item: WorkItem, report: bytes) -> None:
         ...
-    def layout(self) -> dict:
-        ...
-    def memory(self) -> memoryview:
+    def put_bytes(self, item: WorkItem, data: typing_extensions.Buffer) -> None:
         """
-        The whole shared segment, writable.
+        Stores one byte string (e.g. a pickled batch) as the item's payload.
+        """
+    def sample_record(self) -> numpy.ndarray:
+        """
+        This worker's crash record (one int64: the sample being produced), as an array a loop can update with a plain store; the consumer reports it if the worker dies.
         """
     def set_sample(self, index: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -150,13 +198,18 @@ class AttachedWorker:
     def context(self) -> WorkerContext:
         ...
 class Loader:
-    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
+    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex = 0, max_batch_bytes: typing.SupportsInt | typing.SupportsIndex | None = None, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
         ...
     def close(self) -> None:
-        ...
+        """
+        Stops the workers; safe from any thread (a next() waiting elsewhere returns None).
+        """
     def next(self) -> typing.Any:
         ...
     def reset(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None) -> None:
+        ...
+    @property
+    def closed(self) -> bool:
         ...
     @property
     def copied_out(self) -> int:
@@ -185,3 +238,4 @@ def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.Sup
     """
     Copies C-contiguous buffers of row_bytes each into consecutive rows of dst with streaming stores; False (nothing copied) if a row is not such a buffer.
     """
+MIN_SLOT_BYTES: int = 65536

@@ -1,42 +1,35 @@
-"""BatchLayout: how samples of a fixed structure are stored in a ring slot.
+"""Samples <-> the fields of a batch (the Python side of the slot format).
 
-A sample is a leaf (numpy array, numpy scalar, bool, int, float) or a nested
-dict / tuple / list / namedtuple of leaves. The layout is taken from one probe
-sample; every later sample must have the same structure, shapes and dtypes.
+A sample is a leaf (numpy array, numpy scalar, bool, int, float, or anything
+with ``__array__``) or a nested dict / tuple / list / namedtuple of leaves.
+Every sample of one batch must have the same structure, shapes and dtypes;
+different batches may differ (each batch carries its own layout).
 
-Slot layout (structure of arrays): for each leaf, in flattening order, one
-C-contiguous block ``[batch_capacity, *leaf.shape]`` of ``leaf.dtype``, each
-block starting on a 64-byte boundary. A batch of ``count`` samples is the first
-``count`` rows of every block, so a short last batch needs no second layout.
+Where the bytes go is not decided here: the runtime's ``SlotLayout``
+(runtime/include/spindle/slot_layout.hpp) owns the slot format. A worker hands
+it the fields (dtype, shape) of the batch and the structure (pickled, opaque to
+the runtime); it gets back one array per field over the slot and fills rows.
+The consumer gets the arrays and the structure back from the slot itself.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+import pickle
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._core import gather_rows
+from ._core import SlotLayout, gather_rows
 
-_ALIGN = 64
+_SHAREABLE_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
 
 
 class SampleStructureError(ValueError):
-    """A sample does not match the structure/shape/dtype of the first sample."""
+    """A sample does not match the structure/shape/dtype of its batch's first sample."""
 
     def __init__(self, message: str, sample_index: int = -1) -> None:
         super().__init__(message)
         self.sample_index = sample_index
-
-
-@dataclass(frozen=True)
-class Leaf:
-    path: str                 # "['image']", "[1]", "" for a bare leaf
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    offset: int               # of the leaf's block in the slot
-    sample_bytes: int
 
 
 def _as_leaf(value: Any, path: str, index: int) -> np.ndarray:
@@ -58,8 +51,13 @@ def _as_leaf(value: Any, path: str, index: int) -> np.ndarray:
         "Convert it in __getitem__ (e.g. encode strings as integer ids).", index)
 
 
-def _flatten(value: Any, path: str, index: int, out: list[tuple[str, np.ndarray]]) -> Any:
-    """Appends the leaves of `value` to `out`; returns its structure."""
+def flatten(value: Any, index: int, path: str = "", out: Optional[list] = None) -> tuple[Any, list]:
+    """(structure, [(path, leaf array), ...]) of one sample."""
+    leaves: list[tuple[str, np.ndarray]] = [] if out is None else out
+    return _flatten(value, path, index, leaves), leaves
+
+
+def _flatten(value: Any, path: str, index: int, out: list) -> Any:
     if isinstance(value, dict):
         return ("dict", type(value), tuple(
             (k, _flatten(v, f"{path}[{k!r}]", index, out)) for k, v in value.items()))
@@ -73,7 +71,7 @@ def _flatten(value: Any, path: str, index: int, out: list[tuple[str, np.ndarray]
     return None
 
 
-def _rebuild(tree: Any, leaves: Callable[[], Any], tuples_as_lists: bool = False) -> Any:
+def _rebuild(tree: Any, leaves: Callable[[], Any], tuples_as_lists: bool) -> Any:
     if tree is None:
         return leaves()
     kind, cls, children = tree
@@ -86,107 +84,6 @@ def _rebuild(tree: Any, leaves: Callable[[], Any], tuples_as_lists: bool = False
     return cls(_rebuild(c, leaves, tuples_as_lists) for c in children)
 
 
-class BatchLayout:
-    """Writes samples into a slot (worker side) and views a slot as a batch (consumer side)."""
-
-    def __init__(self, probe: Any, probe_index: int, batch_capacity: int) -> None:
-        flat: list[tuple[str, np.ndarray]] = []
-        self.tree = _flatten(probe, "", probe_index, flat)
-        self.probe_index = probe_index
-        self.batch_capacity = batch_capacity
-        leaves = []
-        offset = 0
-        for path, arr in flat:
-            nbytes = arr.dtype.itemsize * int(np.prod(arr.shape, dtype=np.int64))
-            leaves.append(Leaf(path, arr.dtype, arr.shape, offset, nbytes))
-            offset += -(-nbytes * batch_capacity // _ALIGN) * _ALIGN
-        self.leaves = tuple(leaves)
-        self.slot_bytes = max(offset, 1)
-        self._bare = self.tree is None
-
-    # ---------------------------------------------------------------- views
-    def views(self, buffer: Any) -> list[np.ndarray]:
-        """Full-capacity arrays, one per leaf, over `buffer` (a slot's bytes)."""
-        raw = np.frombuffer(buffer, dtype=np.uint8, count=self.slot_bytes)
-        return [raw[leaf.offset: leaf.offset + leaf.sample_bytes * self.batch_capacity]
-                .view(leaf.dtype).reshape((self.batch_capacity,) + leaf.shape)
-                for leaf in self.leaves]
-
-    def allocate(self) -> list[np.ndarray]:
-        """Private (non-shared) arrays for an in-process batch."""
-        return [np.empty((self.batch_capacity,) + leaf.shape, leaf.dtype) for leaf in self.leaves]
-
-    def unpack(self, arrays: list[np.ndarray], count: int, convert: Callable[[np.ndarray], Any] = None,
-               tuples_as_lists: bool = False) -> Any:
-        """The user-facing batch: the first `count` rows, in the sample's structure.
-
-        `convert` maps each field's array (e.g. to a tensor); `tuples_as_lists`
-        follows torch's default_collate, which returns a list for a tuple.
-        """
-        it = iter(arrays)
-        if convert is None:
-            return _rebuild(self.tree, lambda: next(it)[:count], tuples_as_lists)
-        return _rebuild(self.tree, lambda: convert(next(it)[:count]), tuples_as_lists)
-
-    # ---------------------------------------------------------------- writing
-    def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:
-        """Copies `samples` (dataset indices `indices`) into rows 0.. of `arrays`.
-
-        Each field is copied in one call (streaming stores, or np.concatenate
-        for non-contiguous rows) into its block when every sample's value is an
-        array of exactly the expected shape and dtype;
-        anything else goes row by row through write(), which converts scalars
-        and raises the precise error.
-        """
-        if self._bare:
-            columns = [samples]
-        else:
-            columns = [[] for _ in self.leaves]
-            for sample, index in zip(samples, indices):
-                flat: list[tuple[str, np.ndarray]] = []
-                if _flatten(sample, "", index, flat) != self.tree:
-                    self.write(arrays, 0, sample, index)  # raises the structure error
-                for column, (_, value) in zip(columns, flat):
-                    column.append(value)
-        count = len(samples)
-        for dst, leaf, column in zip(arrays, self.leaves, columns):
-            shape, dtype = leaf.shape, leaf.dtype
-            if shape and all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in column):
-                if not gather_rows(dst[:count], column, leaf.sample_bytes):  # a row is not contiguous
-                    np.concatenate(column, axis=0, out=dst[:count].reshape((count * shape[0],) + shape[1:]))
-            else:
-                for row, (value, index) in enumerate(zip(column, indices)):
-                    self._put(dst, leaf, row, _as_leaf(value, leaf.path, index), index)
-
-    def write(self, arrays: list[np.ndarray], row: int, sample: Any, index: int) -> None:
-        """Copies `sample` (dataset index `index`) into row `row` of `arrays`."""
-        if self._bare:
-            leaf = self.leaves[0]
-            # Hot path (one array per sample): checks inlined, no helper calls.
-            if type(sample) is np.ndarray and sample.shape == leaf.shape and sample.dtype == leaf.dtype:
-                arrays[0][row] = sample
-            else:
-                self._put(arrays[0], leaf, row, _as_leaf(sample, "", index), index)
-            return
-        flat: list[tuple[str, np.ndarray]] = []
-        tree = _flatten(sample, "", index, flat)
-        if tree != self.tree:
-            raise SampleStructureError(
-                f"sample {index} has structure {_describe(tree)}, but sample {self.probe_index} had "
-                f"{_describe(self.tree)}; every sample must have the same keys and nesting.", index)
-        for dst, leaf, (_, value) in zip(arrays, self.leaves, flat):
-            self._put(dst, leaf, row, value, index)
-
-    def _put(self, dst: np.ndarray, leaf: Leaf, row: int, value: np.ndarray, index: int) -> None:
-        if value.shape != leaf.shape or value.dtype != leaf.dtype:
-            raise SampleStructureError(
-                f"sample {index}: field {leaf.path or '<sample>'} has shape {value.shape} and dtype "
-                f"{value.dtype}, but sample {self.probe_index} had shape {leaf.shape} and dtype "
-                f"{leaf.dtype}. spindle batches fixed-shape samples: pad, crop or cast them in "
-                "__getitem__.", index)
-        dst[row] = value
-
-
 def _describe(tree: Any) -> str:
     if tree is None:
         return "leaf"
@@ -194,3 +91,109 @@ def _describe(tree: Any) -> str:
     if kind == "dict":
         return "{" + ", ".join(f"{k!r}: {_describe(c)}" for k, c in children) + "}"
     return f"{kind}(" + ", ".join(_describe(c) for c in children) + ")"
+
+
+class Columns:
+    """A batch of samples split into one column (list of leaf arrays) per field,
+    checked to share the first sample's structure, shapes and dtypes."""
+
+    def __init__(self, samples: list[Any], indices: list[int]) -> None:
+        first = indices[0]
+        self.tree, leaves = flatten(samples[0], first)
+        self.paths = [path for path, _ in leaves]
+        self.fields = []
+        for path, leaf in leaves:
+            if leaf.dtype.kind not in _SHAREABLE_KINDS:
+                raise SampleStructureError(
+                    f"sample {first}: field {path or '<sample>'} has dtype {leaf.dtype}, which cannot be "
+                    "batched in shared memory; use bool, integer, float or complex arrays.", first)
+            self.fields.append((leaf.dtype.str, leaf.shape))
+        self.columns = [[leaf] for _, leaf in leaves]
+        bare = self.tree is None
+        for sample, index in zip(samples[1:], indices[1:]):
+            if bare:
+                flat = [("", _as_leaf(sample, "", index))]
+            else:
+                tree, flat = flatten(sample, index)
+                if tree != self.tree:
+                    raise SampleStructureError(
+                        f"sample {index} has structure {_describe(tree)}, but sample {first} (the first of "
+                        f"its batch) had {_describe(self.tree)}; every sample of a batch must have the same "
+                        "keys and nesting.", index)
+            for column, (path, leaf), (dtype, shape) in zip(self.columns, flat, self.fields):
+                if leaf.shape != shape or leaf.dtype.str != dtype:
+                    raise SampleStructureError(
+                        f"sample {index}: field {path or '<sample>'} has shape {leaf.shape} and dtype "
+                        f"{leaf.dtype}, but sample {first} (the first of its batch) had shape {shape} and "
+                        f"dtype {np.dtype(dtype)}. Samples of one batch must have the same shapes: pad, crop "
+                        "or cast them in __getitem__.", index)
+                column.append(leaf)
+
+    def write(self, arrays: list[np.ndarray]) -> None:
+        """Copies every column into rows 0.. of its field's array."""
+        for dst, column, (_, shape) in zip(arrays, self.columns, self.fields):
+            count = len(column)
+            row_bytes = column[0].nbytes
+            if shape and all(type(v) is np.ndarray for v in column):
+                if gather_rows(dst[:count], column, row_bytes):  # streaming stores, one call
+                    continue
+            for row, value in enumerate(column):
+                dst[row] = value
+
+
+class SlotWriter:
+    """Worker side: writes a batch's columns into its ring slot, reusing
+    layouts and pickled structures across batches of the same shape."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._layouts: dict[tuple, SlotLayout] = {}
+        self._structures: dict[Any, bytes] = {}
+
+    def write(self, ctx: Any, item: Any, columns: Columns) -> None:
+        key = tuple(columns.fields)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = SlotLayout([(d, list(s)) for d, s in key], self._capacity)
+        structure = self._structures.get(columns.tree)
+        if structure is None:
+            try:
+                structure = pickle.dumps(columns.tree, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                raise SampleStructureError(
+                    f"the structure of batch {item.batch_id} ({_describe(columns.tree)}) cannot be sent to the "
+                    f"consumer: {exc}. Define the sample's container classes (e.g. namedtuples) at module "
+                    "level.") from exc
+            self._structures[columns.tree] = structure
+        columns.write(ctx.begin_arrays(item, layout, structure))
+
+
+class BatchReader:
+    """Consumer side: a delivered array batch as the user's nested structure."""
+
+    def __init__(self, convert: Optional[Callable[[np.ndarray], Any]] = None,
+                 tuples_as_lists: bool = False) -> None:
+        self._convert = convert
+        self._tuples_as_lists = tuples_as_lists
+        self._trees: dict[bytes, Any] = {}
+
+    def read(self, lease: Any) -> Any:
+        structure = lease.structure
+        tree = self._trees.get(structure)
+        if tree is None:
+            tree = self._trees[structure] = pickle.loads(structure)
+        return self.rebuild(tree, lease.arrays())
+
+    def rebuild(self, tree: Any, arrays: list[np.ndarray]) -> Any:
+        it = iter(arrays)
+        convert = self._convert
+        leaf = (lambda: next(it)) if convert is None else (lambda: convert(next(it)))
+        return _rebuild(tree, leaf, self._tuples_as_lists)
+
+
+def collate_local(samples: list[Any], indices: list[int], reader: BatchReader) -> Any:
+    """In-process batching (num_workers=0) with the same checks and result as the workers'."""
+    columns = Columns(samples, indices)
+    arrays = [np.empty((len(samples),) + shape, np.dtype(dtype)) for dtype, shape in columns.fields]
+    columns.write(arrays)
+    return reader.rebuild(columns.tree, arrays)

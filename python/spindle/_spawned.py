@@ -14,9 +14,8 @@ import argparse
 import multiprocessing.spawn
 import os
 import pickle
-import subprocess
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from ._caps import cap_worker_pools, one_thread_environment
 
@@ -44,10 +43,6 @@ def main() -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def _preparation() -> dict[str, Any]:
@@ -83,22 +78,5 @@ def payload_fd(body: Any, kwargs: dict[str, Any]) -> int:
     return fd
 
 
-def run_spawned(fn: Callable[[], Any]) -> Any:
-    """Returns fn() computed in a new interpreter (no fork); re-raises its exception here."""
-    code = (f"import sys, pickle; sys.path[:0] = {sys.path!r}\n"
-            "from spindle._spawned import _prepare\n"
-            "preparation, inner = pickle.load(sys.stdin.buffer)\n"
-            "_prepare(preparation)\n"
-            "fn = pickle.loads(inner)\n"
-            "try:\n    out = ('ok', fn())\n"
-            "except BaseException as exc:\n    out = ('error', exc)\n"
-            "sys.stdout.buffer.write(pickle.dumps(out))\n")
-    payload = pickle.dumps((_preparation(), pickle.dumps(fn)))
-    done = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True)
-    if done.returncode != 0 or not done.stdout:
-        raise RuntimeError("spindle: the spawned process probing the first batch failed:\n"
-                           + done.stderr.decode(errors="replace")[-3000:])
-    kind, value = pickle.loads(done.stdout)
-    if kind == "error":
-        raise value
-    return value
+if __name__ == "__main__":  # last: main() uses the helpers above
+    sys.exit(main())

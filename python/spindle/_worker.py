@@ -1,8 +1,9 @@
 """The body of a worker process (runs in the forked child).
 
 The runtime hands us a WorkerContext: we claim work items (a ring slot whose
-header lists the sample indices), write each sample into the slot through the
-BatchLayout, and publish the slot. A Python exception fails only its batch: it
+header lists the sample indices), read the samples, have the transport write
+the batch into the slot (arrays laid out by the runtime's SlotLayout, or a
+pickle), and publish the slot. A Python exception fails only its batch: it
 is pickled into the slot for the consumer to re-raise, and the worker goes on.
 """
 
@@ -19,6 +20,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ._caps import cap_worker_pools
+from ._core import MIN_SLOT_BYTES
+from ._layout import BatchReader, Columns, SampleStructureError, SlotWriter
 
 
 def pack_exception(exc: BaseException, index: int, worker_id: int, limit: int) -> bytes:
@@ -58,45 +61,47 @@ def seed_worker(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-class PickledBatches:
-    """The general path: a batch of any Python objects, pickled into its slot.
+class ArrayBatches:
+    """Batches of fixed-structure samples, written field by field into the slot
+    (zero-copy for the consumer). A batch whose samples differ in structure,
+    shape or dtype fails with SampleStructureError naming the sample."""
 
-    Used when samples do not fit a fixed layout (strings, variable shapes) or
-    a custom collate function runs in the worker. Slot payload: an 8-byte
-    little-endian length, then the pickle.
-    """
+    def __init__(self, capacity: int) -> None:
+        self._writer = SlotWriter(capacity)
 
-    HEADER = 8
-
-    def __init__(self, collate: Callable[[list[Any]], Any], slot_bytes: int) -> None:
-        self.collate = collate
-        self.slot_bytes = slot_bytes
-
-    def write_batch(self, arrays: list[np.ndarray], samples: list[Any], indices: list[int]) -> None:
-        payload = arrays[0]
-        blob = pickle.dumps(self.collate(samples), protocol=pickle.HIGHEST_PROTOCOL)
-        room = self.slot_bytes - self.HEADER
-        if len(blob) > room:
-            raise ValueError(
-                f"spindle: the collated batch of samples {indices[:4]}... pickles to {len(blob)} bytes, more "
-                f"than a slot holds ({room} bytes, sized from the first batch). Make batches more uniform in "
-                "size, or return fixed-shape arrays so they take the zero-copy path.")
-        payload[:self.HEADER] = np.frombuffer(len(blob).to_bytes(self.HEADER, "little"), np.uint8)
-        payload[self.HEADER:self.HEADER + len(blob)] = np.frombuffer(blob, np.uint8)
-
-    def views(self, buffer: Any) -> list[np.ndarray]:
-        return [np.frombuffer(buffer, dtype=np.uint8, count=self.slot_bytes)]
-
-    def read(self, buffer: Any) -> Any:
-        raw = memoryview(buffer)
-        n = int.from_bytes(raw[:self.HEADER], "little")
-        return pickle.loads(raw[self.HEADER:self.HEADER + n])
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
+        self._writer.write(ctx, item, Columns(samples, indices))
 
 
-def _slot_arrays(mem: Any, geo: dict[str, int], layout: Any, slot: int) -> list[np.ndarray]:
-    """The layout's arrays over ring slot `slot` of the shared segment `mem`."""
-    start = geo["payload_offset"] + slot * geo["slot_stride"]
-    return layout.views(mem[start:start + geo["slot_bytes"]])
+class CollatedBatches:
+    """torch's transport: default collate over fixed-shape samples goes the
+    zero-copy array path; anything else (a custom collate_fn, strings, ragged
+    samples, batch_size=None) runs `collate` in the worker and travels pickled
+    in the slot (the slot grows to fit)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any], capacity: int, zero_copy: bool) -> None:
+        self._collate = collate
+        self._writer = SlotWriter(capacity) if zero_copy else None
+
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
+        if self._writer is not None:
+            try:
+                columns = Columns(samples, indices)
+            except SampleStructureError:
+                columns = None  # torch's collate decides (and raises torch's error if it must)
+            if columns is not None:
+                self._writer.write(ctx, item, columns)
+                return
+        ctx.put_bytes(item, pickle.dumps(self._collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
+    """Lease -> the user's batch: arrays through `reader`, byte strings unpickled."""
+    def decode(lease: Any) -> Any:
+        if lease.kind == "arrays":
+            return reader.read(lease)
+        return pickle.loads(lease.bytes())
+    return decode
 
 
 def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
@@ -118,54 +123,46 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
         if item is not None:
             exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
                          "dataset's setup), before any sample.")
-            ctx.fail(item, pack_exception(exc, -1, ctx.worker_id, ctx.layout()["slot_stride"]))
+            ctx.fail(item, pack_exception(exc, -1, ctx.worker_id, MIN_SLOT_BYTES))
         return False
 
 
-def run_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None]) -> int:
-    """Claims batches until the loader closes. `layout` is a BatchLayout or
-    PickledBatches; `setup(worker_id, num_workers)` seeds the worker and runs
-    the user's init function before any sample is read."""
+def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None]) -> int:
+    """Claims batches until the loader closes. `transport` (ArrayBatches or
+    CollatedBatches) writes each batch into its slot; `setup(worker_id,
+    num_workers)` seeds the worker and runs the user's init function before
+    any sample is read."""
     if not _start(ctx, setup):
         return 1
     worker_id = ctx.worker_id
-    mem = ctx.memory()
-    geo = ctx.layout()
-    cap, stride = geo["batch_capacity"], geo["slot_stride"]
     # The worker's crash record: the sample being loaded, read by the consumer
     # if this process dies.
-    record = np.frombuffer(mem, dtype=np.int64, count=1, offset=geo["sample_record_offset"])
-    slots: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+    record = ctx.sample_record()
+    write = transport.write
     try:
         while (item := ctx.claim()) is not None:
-            slot = item.slot
-            if slot not in slots:
-                indices = np.frombuffer(mem, dtype=np.int64, count=cap,
-                                        offset=geo["indices_offset"] + slot * cap * 8)
-                slots[slot] = (indices, _slot_arrays(mem, geo, layout, slot))
-            indices, arrays = slots[slot]
             index = -1
             try:
-                batch_indices = indices[:item.count].tolist()
+                batch_indices = item.indices
                 samples = []
                 append = samples.append
                 for index in batch_indices:
                     record[0] = index
                     append(dataset[index])
                 index = -1  # from here on, errors name their own sample
-                layout.write_batch(arrays, samples, batch_indices)
+                write(ctx, item, samples, batch_indices)
                 del samples
                 ctx.commit(item)
             except Exception as exc:
                 index = getattr(exc, "sample_index", index)
-                ctx.fail(item, pack_exception(exc, index, worker_id, stride))
+                ctx.fail(item, pack_exception(exc, index, worker_id, MIN_SLOT_BYTES))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     return 0
 
 
-def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int, int], None],
+def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None],
                       batch_size: int, drop_last: bool) -> int:
     """Round-robin mode: each claimed item asks for this worker's next batch of
     `batch_size` samples from its own `iter(dataset)` (which may shard itself by
@@ -175,11 +172,7 @@ def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int,
         return 1
     stream = streams[0]
     worker_id = ctx.worker_id
-    geo = ctx.layout()
-    stride = geo["slot_stride"]
-    mem = ctx.memory()
-    record = np.frombuffer(mem, dtype=np.int64, count=1, offset=geo["sample_record_offset"])
-    slots: dict[int, list[np.ndarray]] = {}
+    record = ctx.sample_record()
     position = 0  # samples this worker has read from its stream
     ended = False
     try:
@@ -201,14 +194,12 @@ def run_stream_worker(ctx: Any, dataset: Any, layout: Any, setup: Callable[[int,
                     ended = True
                     ctx.exhausted(item)
                     continue
-                if item.slot not in slots:
-                    slots[item.slot] = _slot_arrays(mem, geo, layout, item.slot)
                 first = position - len(samples)
-                layout.write_batch(slots[item.slot], samples, list(range(first, position)))
+                transport.write(ctx, item, samples, list(range(first, position)))
                 ctx.commit(item, len(samples))
             except Exception as exc:
                 index = getattr(exc, "sample_index", position)
-                ctx.fail(item, pack_exception(exc, index, worker_id, stride))
+                ctx.fail(item, pack_exception(exc, index, worker_id, MIN_SLOT_BYTES))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

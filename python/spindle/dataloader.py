@@ -18,9 +18,9 @@ import numpy as np
 
 from . import _core
 from ._caps import ThreadWatchdog
-from ._layout import BatchLayout
-from ._probe import forking, run_forked
-from ._worker import run_worker, seed_worker
+from ._forking import forking
+from ._layout import BatchReader, collate_local
+from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
 __all__ = ["DataLoader"]
@@ -38,8 +38,8 @@ class DataLoader:
     Args:
         dataset: supports ``len(dataset)`` and ``dataset[i]``; items are numpy
             arrays, numpy scalars, bool/int/float, or nested dicts, tuples,
-            lists and namedtuples of them, with the same shapes and dtypes for
-            every item.
+            lists and namedtuples of them, with the same structure, shapes and
+            dtypes for every item of one batch (batches may differ).
         batch_size: samples per batch.
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
@@ -47,7 +47,7 @@ class DataLoader:
             reproducible (epoch ``e`` uses ``(seed, e)``); None draws fresh
             entropy per epoch.
         timeout: seconds to wait for one batch before raising
-            :class:`~spindle.errors.LoaderTimeoutError`; 0 waits forever.
+            :class:`~spindle.errors.LoaderTimeoutError`; 0 (or inf) waits forever.
         drop_last: drop the last batch if it is short.
         prefetch_factor: batches in flight per worker.
         in_order: deliver batches in order; False delivers them as they finish.
@@ -57,6 +57,14 @@ class DataLoader:
             loads anything.
         persistent_workers: keep the workers and the shared ring across
             epochs (no fork per epoch; workers keep their random state).
+        max_batch_bytes: the largest batch (all fields) a ring slot may hold;
+            address space set aside per slot, memory is used only as batches
+            need it.
+
+    Dataset code runs only in the workers: nothing is read in this process to
+    plan the ring (each batch carries its own layout, and slots grow to fit).
+    Ctrl-C while waiting raises KeyboardInterrupt and stops the workers;
+    ``close()`` is safe from any thread.
 
     Batches are numpy arrays viewing shared memory; they are writable and stay
     valid for as long as you keep them, even after the loader is gone.
@@ -70,13 +78,14 @@ class DataLoader:
                  seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
                  prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 persistent_workers: bool = False) -> None:
+                 persistent_workers: bool = False, max_batch_bytes: int = 1 << 30) -> None:
         self.dataset = dataset
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.num_workers = _check_int("num_workers", num_workers, 0)
         self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
-        if timeout < 0:
+        if not timeout >= 0:  # also NaN
             raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
+        self.max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes, 1)
         if max_threads is not None:
             max_threads = _check_int("max_threads", max_threads, 0)
         self.shuffle = bool(shuffle)
@@ -92,7 +101,6 @@ class DataLoader:
         self._workers: Optional[_core.Loader] = None
         self._persistent_epoch = 0
         self._epoch = 0
-        self._layout: Optional[BatchLayout] = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -111,24 +119,15 @@ class DataLoader:
         worker_seed = int(rng.integers(0, 2**62))
         return np.ascontiguousarray(order, dtype=np.int64), worker_seed
 
-    def _layout_for(self, first_index: int) -> BatchLayout:
-        if self._layout is None:
-            # One sample fixes the slot layout. It is read in a throwaway fork
-            # (as worker 0 would), so dataset code never runs in this process.
-            dataset, batch_size = self.dataset, self.batch_size
-            self._layout = run_forked(lambda: BatchLayout(dataset[first_index], first_index, batch_size))
-        return self._layout
-
     def __iter__(self) -> Iterator[Any]:
         order, worker_seed = self._epoch_order()
         if len(order) == 0:
             return iter(())
-        layout = self._layout_for(int(order[0]))
         if self.num_workers == 0:
-            return _InProcessIterator(self, order, layout, worker_seed)
-        decode = partial(_decode_arrays, layout)
+            return _InProcessIterator(self, order, worker_seed)
+        decode = batch_decoder(BatchReader())
         if not self.persistent_workers:
-            return _WorkerIterator(self._start_workers(order, layout, worker_seed), decode, owns=True)
+            return _WorkerIterator(self._start_workers(order, worker_seed), decode, owns=True)
         if self._workers is not None:
             try:
                 self._workers.reset(order=order, drop_last=self.drop_last)
@@ -136,17 +135,18 @@ class DataLoader:
                 self._workers.close()
                 self._workers = None
         if self._workers is None:
-            self._workers = self._start_workers(order, layout, worker_seed)
+            self._workers = self._start_workers(order, worker_seed)
         self._persistent_epoch += 1
         return _WorkerIterator(self._workers, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
-    def _start_workers(self, order: np.ndarray, layout: BatchLayout, seed: int) -> _core.Loader:
-        body = partial(run_worker, dataset=self.dataset, layout=layout,
+    def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
+        body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         with forking():
             return _core.Loader(
                 order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx),
-                num_workers=self.num_workers, batch_capacity=self.batch_size, slot_bytes=layout.slot_bytes,
+                num_workers=self.num_workers, batch_capacity=self.batch_size,
+                max_batch_bytes=self.max_batch_bytes,
                 prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
                 max_threads=self.max_threads)
 
@@ -166,10 +166,6 @@ class DataLoader:
         return _core.ThreadBudget(max_threads=self.max_threads)
 
 
-def _decode_arrays(layout: BatchLayout, lease: _core.Lease) -> Any:
-    return layout.unpack(layout.views(lease), lease.count)
-
-
 def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
                   worker_init_fn: Optional[Callable[[int], None]]) -> None:
     seed_worker(base_seed + worker_id)
@@ -180,12 +176,12 @@ def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
 class _InProcessIterator:
     """num_workers=0: the same layout and checks, in the calling process."""
 
-    def __init__(self, loader: DataLoader, order: np.ndarray, layout: BatchLayout, seed: int) -> None:
+    def __init__(self, loader: DataLoader, order: np.ndarray, seed: int) -> None:
         self._dataset = loader.dataset
         self._order = order
         self._batch_size = loader.batch_size
         self._next = 0
-        self._layout = layout
+        self._reader = BatchReader()
         seed_worker(seed)
 
     def __iter__(self) -> "_InProcessIterator":
@@ -196,9 +192,7 @@ class _InProcessIterator:
             raise StopIteration
         indices = self._order[self._next:self._next + self._batch_size].tolist()
         self._next += self._batch_size
-        arrays = self._layout.allocate()
-        self._layout.write_batch(arrays, [self._dataset[index] for index in indices], indices)
-        return self._layout.unpack(arrays, len(indices))
+        return collate_local([self._dataset[index] for index in indices], indices, self._reader)
 
 
 class _WorkerIterator:
@@ -240,6 +234,11 @@ class _WorkerIterator:
             lease = self._loader.next()
         except BatchFailedError as failed:
             raise _reraise(failed) from None
+        except KeyboardInterrupt:
+            # Ctrl-C while waiting: stop the workers before the interrupt
+            # unwinds (a training script that catches it must not keep them).
+            self._stop()
+            raise
         self._watchdog.poll()
         if lease is None:
             if self._owns:
@@ -255,9 +254,16 @@ class _WorkerIterator:
         return self._decode(lease)
 
     def close(self) -> None:
-        """Stops the workers (if this iterator owns them). Batches already delivered stay valid."""
+        """Stops the workers (if this iterator owns them). Batches already delivered stay valid.
+        Safe from any thread: a ``next()`` waiting elsewhere ends with StopIteration."""
         if self._owns:
             self._loader.close()
+
+    def _stop(self) -> None:
+        """Stops the workers whoever owns them (persistent ones restart next epoch)."""
+        self._loader.close()
+        if self._owner is not None:
+            self._owner.close()
 
     def __del__(self) -> None:
         if getattr(self, "_owns", False):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import pickle
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
@@ -32,13 +31,13 @@ import grain
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
-from ._probe import forking, run_forked
-from ._worker import PickledBatches, run_stream_worker
+from ._forking import call_in_fork, forking
+from ._layout import BatchReader
+from ._worker import CollatedBatches, batch_decoder, run_stream_worker
 from .dataloader import _WorkerIterator
 
 __all__ = ["DataLoader", "mp_prefetch"]
 
-_MIN_SLOT = 64 * 1024
 
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
@@ -101,18 +100,18 @@ class _PrefetchIterator(grain.DatasetIterator):
         n = self._n
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
                         worker_init_fn=self._worker_init_fn, states=self._states)
-        slot_bytes = run_forked(partial(_probe, self._ds, setup, n))
         if self._states is None:
             self._states = [None] * n  # None: the worker starts its slice from the beginning
-        pickled = PickledBatches(lambda elements: elements[0], slot_bytes)
-        body = partial(run_stream_worker, dataset=_WorkerSlice(), layout=pickled, setup=setup, batch_size=1,
+        # Elements travel pickled; slots grow to the largest element.
+        pickled = CollatedBatches(lambda elements: elements[0], 1, zero_copy=False)
+        body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=pickled, setup=setup, batch_size=1,
                        drop_last=False)
         with forking():
             runtime = _core.Loader(
                 order=np.empty(0, np.int64), round_robin=True, first_worker=self._next_in_cycle,
-                worker_main=lambda ctx: body(ctx), num_workers=n, batch_capacity=1, slot_bytes=slot_bytes,
+                worker_main=lambda ctx: body(ctx), num_workers=n, batch_capacity=1,
                 prefetch_factor=self._buffer_size, in_order=True)
-        return _WorkerIterator(runtime, pickled.read, owns=True)
+        return _WorkerIterator(runtime, batch_decoder(BatchReader()), owns=True)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -127,7 +126,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         fresh = [w for w, state in enumerate(self._states) if state is None]
         if fresh:  # workers that have not produced an element yet: the state of a new slice
             for w in fresh:
-                self._states[w] = run_forked(partial(_initial_state, self._ds, self._n, w, self._sequential_slice))
+                self._states[w] = call_in_fork(partial(_initial_state, self._ds, self._n, w, self._sequential_slice))
         return {
             "next_index_in_cycle": self._next_in_cycle,
             "next_index_in_datasets": self._n,
@@ -181,16 +180,6 @@ def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_s
     if states is not None and states[worker_id] is not None:
         it.set_state(copy.deepcopy(states[worker_id]))
     _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id
-
-
-def _probe(ds: Any, setup: Callable[[int, int], None], num_workers: int) -> int:
-    """In a throwaway fork, as worker 0: the slot size, twice its first pickled element (>= 64 KiB)."""
-    setup(0, num_workers)
-    size = 0
-    for element in _WorkerSlice():
-        size = len(pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
-        break
-    return max(_MIN_SLOT, 2 * size + PickledBatches.HEADER)
 
 
 def _initial_state(ds: Any, num_workers: int, worker: int, sequential_slice: bool) -> Any:

@@ -11,24 +11,29 @@ start a worker. What changes is how batches travel: spindle's forked,
 single-threaded workers write them into shared memory, and you get tensors
 that are zero-copy views of it (writable, valid for as long as you keep them).
 
-Two transports, chosen from the first batch:
+Two transports, chosen by the worker for each batch:
 
 - **zero-copy** (default collate, samples made of tensors, numpy arrays and
-  numbers of fixed shape): each field is written straight into its block of
-  a slot and arrives as ``torch.from_numpy`` of it, exactly as
+  numbers of one shape within the batch): each field is written straight into
+  its block of a slot and arrives as ``torch.from_numpy`` of it, exactly as
   ``default_collate`` would have built it (dicts, namedtuples; tuples become
   lists, like default_collate).
-- **pickled** (a custom ``collate_fn``, strings or other objects, or
-  ``batch_size=None``): the worker runs the collate function and pickles the
-  batch into its slot; the consumer unpickles it. No pipes, no feeder threads.
+- **pickled** (a custom ``collate_fn``, strings or other objects, ragged
+  samples, or ``batch_size=None``): the worker runs the collate function and
+  pickles the batch into its slot; the consumer unpickles it. No pipes, no
+  feeder threads.
+
+Dataset code runs only in the workers, as in torch: nothing is read up front
+to size the ring (each batch carries its layout; slots grow to fit), so an
+error in ``dataset[i]`` or ``worker_init_fn`` surfaces at ``next()``.
 
 Differences from torch are listed in docs/torch_dropin.md.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import pickle
 import random
 import warnings
 from functools import partial
@@ -41,15 +46,13 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils import worker as _torch_worker
 
 from . import _core
-from ._layout import BatchLayout, SampleStructureError
-from ._probe import forking, run_forked
-from ._spawned import payload_fd, run_spawned, worker_argv
-from ._worker import PickledBatches, run_stream_worker, run_worker
+from ._forking import forking
+from ._layout import BatchReader
+from ._spawned import payload_fd, worker_argv
+from ._worker import CollatedBatches, batch_decoder, run_stream_worker, run_worker
 from .dataloader import _WorkerIterator
 
 __all__ = ["DataLoader"]
-
-_MIN_PICKLE_SLOT = 64 * 1024
 
 
 class DataLoader:
@@ -71,7 +74,6 @@ class DataLoader:
             pin_memory_device=pin_memory_device, in_order=in_order)
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
-        self._layout: Any = None
         self._capacity = 0
         self._base_seed = 0
         self._stream_epochs = 0
@@ -118,16 +120,9 @@ class DataLoader:
             reuse = False
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)
-        # Slots are sized from the first batch, read in a throwaway fork set
-        # up as worker 0: dataset code never runs in this process.
-        if reuse:
-            layout = self._layout  # the workers' layout is fixed for their lifetime
-        else:
-            layout = self._transport(*self._isolated(partial(
-                _probe_batch, loader.dataset, self._collate(), self._zero_copy(), batches[0], capacity, setup,
-                loader.num_workers)))
-            self._layout, self._capacity = layout, capacity
-        decode = self._decoder(layout)
+        if not reuse:
+            self._capacity = capacity
+        decode = self._decoder()
 
         if self.persistent_workers and self._runtime is not None:
             try:
@@ -137,11 +132,11 @@ class DataLoader:
             except Exception:
                 self._runtime.close()
                 self._runtime = None
+        transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
         runtime = self._runtime_for(
-            run_worker, dict(dataset=loader.dataset, layout=layout, setup=setup),
+            run_worker, dict(dataset=loader.dataset, transport=transport, setup=setup),
             order=order, starts=starts, assign_in_turn=True, num_workers=loader.num_workers,
-            batch_capacity=self._capacity,
-            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+            batch_capacity=self._capacity, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
             timeout=loader.timeout)
         if not self.persistent_workers:
             return _WorkerIterator(runtime, decode, owns=True)
@@ -157,13 +152,14 @@ class DataLoader:
         return self._torch._auto_collation and not self._user_collate
 
     def _spawns(self) -> bool:
+        """Workers as new interpreters: the loader's multiprocessing_context, or else the
+        start method set globally (multiprocessing.set_start_method), is 'spawn' or 'forkserver'."""
         context = self._torch.multiprocessing_context
-        method = context if isinstance(context, str) or context is None else context.get_start_method()
+        if context is None:
+            method = multiprocessing.get_start_method(allow_none=True)
+        else:
+            method = context if isinstance(context, str) else context.get_start_method()
         return method in ("spawn", "forkserver")
-
-    def _isolated(self, fn: Callable[[], Any]) -> Any:
-        """fn() in a throwaway process: a fork, or a new interpreter when forking is not wanted."""
-        return run_spawned(fn) if self._spawns() else run_forked(fn)
 
     def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
         """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
@@ -176,20 +172,9 @@ class DataLoader:
         with forking():
             return _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
 
-    def _transport(self, kind: str, found: Any) -> Any:
-        """The probe's answer as a transport: its BatchLayout, or pickled batches of that slot size."""
-        if kind == "layout":
-            return found
-        return PickledBatches(self._collate(), found)
-
-    def _decoder(self, layout: Any) -> Callable[[Any], Any]:
+    def _decoder(self) -> Callable[[Any], Any]:
         """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
-        if isinstance(layout, PickledBatches):
-            decode = layout.read
-        else:
-            def decode(lease: Any) -> Any:
-                return layout.unpack(layout.views(lease), lease.count, convert=torch.from_numpy,
-                                     tuples_as_lists=True)
+        decode = batch_decoder(BatchReader(convert=torch.from_numpy, tuples_as_lists=True))
         if self._torch.pin_memory and torch.cuda.is_available():
             from torch.utils.data._utils.pin_memory import pin_memory
             return lambda lease: pin_memory(decode(lease))
@@ -211,15 +196,13 @@ class DataLoader:
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)
-        layout = self._transport(*self._isolated(partial(
-            _probe_stream, loader.dataset, self._collate(), self._zero_copy(), n, setup, loader.num_workers)))
-        decode = self._decoder(layout)
+        decode = self._decoder()
+        transport = CollatedBatches(self._collate(), n, self._zero_copy())
         runtime = self._runtime_for(
-            run_stream_worker, dict(dataset=loader.dataset, layout=layout, setup=setup, batch_size=n,
+            run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
                                     drop_last=loader.drop_last),
             order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
-            slot_bytes=layout.slot_bytes, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
-            timeout=loader.timeout)
+            prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
         return _WorkerIterator(runtime, decode, owns=True)
 
     def close(self) -> None:
@@ -232,40 +215,6 @@ class DataLoader:
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
             runtime.close()
-
-
-def _probe_batch(dataset: Any, collate: Callable[[list], Any], zero_copy: bool, first_batch: list[int],
-                 capacity: int, setup: Callable[[int, int], None], num_workers: int) -> tuple[str, Any]:
-    """In the probe process, as worker 0: ("layout", BatchLayout) when default collate meets
-    fixed-shape samples, else ("pickled", slot bytes sized from the first batch)."""
-    setup(0, num_workers)
-    if zero_copy:
-        try:
-            return "layout", BatchLayout(dataset[first_batch[0]], first_batch[0], capacity)
-        except SampleStructureError:
-            pass
-    size = len(pickle.dumps(collate([dataset[i] for i in first_batch]), protocol=pickle.HIGHEST_PROTOCOL))
-    return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
-
-
-def _probe_stream(dataset: Any, collate: Callable[[list], Any], zero_copy: bool, n: int,
-                  setup: Callable[[int, int], None], num_workers: int) -> tuple[str, Any]:
-    """In the probe process, as worker 0: the first batch of worker 0's stream sizes the slots."""
-    setup(0, num_workers)
-    samples = []
-    for sample in dataset:
-        samples.append(sample)
-        if len(samples) == n:
-            break
-    if samples and zero_copy:
-        try:
-            return "layout", BatchLayout(samples[0], 0, n)
-        except SampleStructureError:
-            pass
-    if not samples:  # worker 0 has nothing: the general path, smallest slots
-        return "pickled", _MIN_PICKLE_SLOT
-    size = len(pickle.dumps(collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
-    return "pickled", max(_MIN_PICKLE_SLOT, 2 * size + PickledBatches.HEADER)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -13,7 +15,7 @@
 namespace spindle {
 
 struct RingStorage {
-  RingStorage(std::size_t bytes, const std::string& what) : segment(bytes, what) {}
+  RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what) : segment(bytes, what, reserve) {}
   ShmSegment segment;
   BatchRing ring;
 };
@@ -29,7 +31,12 @@ std::string preview(std::span<const int64_t> idx) {
   return s + "]";
 }
 
-std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
+// 2000 ms -> "2", 1500 ms -> "1.5" (as torch prints its timeout).
+std::string seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
 
 }  // namespace
 
@@ -40,7 +47,22 @@ Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move
   const SlotHeader& h = r.slot(slot);
   batch_id_ = h.batch_id;
   indices_ = {r.indices(slot), h.count};
-  data_ = r.payload_span(slot);
+  contents_ = read_descriptor(r.descriptor(slot), h.reserved);
+  const uint64_t used = contents_.kind == PayloadKind::kRaw
+                            ? std::min<uint64_t>(r.geometry().slot_bytes, h.reserved)
+                            : contents_.data_bytes;
+  data_ = {r.payload(slot), static_cast<std::size_t>(used)};
+}
+
+void Batch::check_field(std::size_t i, std::size_t item) const {
+  if (kind() != PayloadKind::kArrays || i >= layout().num_fields())
+    SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(batch_id_) + " has no array field " +
+                                             std::to_string(i));
+  if (layout().itemsize(i) != item)
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " holds '" +
+                                             layout().field(i).dtype + "' items of " +
+                                             std::to_string(layout().itemsize(i)) + " bytes, not " +
+                                             std::to_string(item));
 }
 
 Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
@@ -53,8 +75,10 @@ Batch& Batch::operator=(Batch&& o) noexcept {
     batch_id_ = o.batch_id_;
     indices_ = o.indices_;
     data_ = o.data_;
+    contents_ = std::move(o.contents_);
     owned_ = std::move(o.owned_);  // moving keeps the buffers, so the spans stay valid
     owned_indices_ = std::move(o.owned_indices_);
+    owned_descriptor_ = std::move(o.owned_descriptor_);
   }
   return *this;
 }
@@ -70,8 +94,15 @@ void Batch::copy_out() {
   owned_.resize(data_.size());
   Arena::global().parallel_copy(owned_.data(), data_.data(), data_.size());
   owned_indices_.assign(indices_.begin(), indices_.end());
+  const std::byte* desc = ring_->ring.descriptor(slot_);
+  owned_descriptor_.assign(desc, desc + kDescriptorBytes);
   data_ = owned_;
   indices_ = owned_indices_;
+  if (contents_.kind == PayloadKind::kArrays)  // the structure bytes now live in our copy
+    contents_.structure = std::string_view(
+        reinterpret_cast<const char*>(owned_descriptor_.data()) +
+            (contents_.structure.data() - reinterpret_cast<const char*>(desc)),
+        contents_.structure.size());
   release();
 }
 
@@ -83,11 +114,12 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worke
   prepare();
   const BatchRing ring = ring_->ring;
   const pid_t consumer = getpid();
+  const int segment_fd = ring_->segment.fd();  // inherited by the forks: slots grow through it
   pool_ = std::make_unique<WorkerPool>(
       options.num_workers,
       [&](int w) {
         ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
-        WorkerContext ctx(ring, w, consumer);
+        WorkerContext ctx(ring, w, consumer, segment_fd);
         return worker_main(ctx);
       },
       hooks);
@@ -114,8 +146,8 @@ void Loader::prepare() {
   if (options.num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
                                              std::to_string(options.num_workers) + ")");
-  if (options.batch_capacity < 1 || options.slot_bytes < 1)
-    SPINDLE_THROW(std::invalid_argument, "spindle: batch_capacity and slot_bytes must be >= 1");
+  if (options.batch_capacity < 1)
+    SPINDLE_THROW(std::invalid_argument, "spindle: batch_capacity must be >= 1");
   if (options.prefetch_factor < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: prefetch_factor must be >= 1 (got " +
                                              std::to_string(options.prefetch_factor) + ")");
@@ -136,12 +168,22 @@ void Loader::prepare() {
   next_worker_ = static_cast<uint32_t>(options.first_worker);
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
-  RingGeometry g{inflight_target_ + 2, nw, options.batch_capacity, options.slot_bytes,
-                 options.round_robin || options.assign_in_turn};
+  RingGeometry g;
+  g.num_slots = inflight_target_ + 2;
+  g.num_workers = nw;
+  g.batch_capacity = options.batch_capacity;
+  g.slot_bytes = options.slot_bytes;
+  g.slot_window = std::max(options.max_batch_bytes, options.slot_bytes);
+  g.round_robin = options.round_robin || options.assign_in_turn;
   const std::size_t bytes = BatchRing::bytes_for(g);
-  ring_ = std::make_shared<RingStorage>(
-      bytes, "the batch ring (" + std::to_string(g.num_slots) + " slots of " + mib(g.slot_bytes) + ")");
+  const std::string what = "the batch ring (" + std::to_string(g.num_slots) + " slots)";
+  // Sparse: the fixed part now, each slot's first bytes below, the rest as
+  // workers need it (slots grow in place).
+  ring_ = std::make_shared<RingStorage>(bytes, BatchRing::fixed_bytes_for(g), what);
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
+  for (uint32_t s = 0; s < g.num_slots; ++s)
+    ring_->segment.reserve(static_cast<std::size_t>(ring_->ring.payload(s) - ring_->segment.data()),
+                           ring_->ring.slot(s).reserved, what);
 }
 
 void Loader::check_batches(const BatchPlan& batches) const {
@@ -159,6 +201,8 @@ std::string Loader::describe_batch(std::size_t b) const {
 }
 
 void Loader::reset(BatchPlan batches) {
+  std::lock_guard op(op_mu_);
+  if (closed() && broken_.empty()) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
   rethrow_if_broken();
   if (options_.round_robin)
     SPINDLE_THROW(std::logic_error, "spindle: reset() needs planned batches; a round-robin (stream) loader "
@@ -167,7 +211,11 @@ void Loader::reset(BatchPlan batches) {
   check_batches(batches);
   // Batches of the old epoch still in flight finish (their slots are written
   // by workers) and are discarded; the ring is then empty of work.
-  while (!inflight_.empty()) ring_->ring.set_state(wait_for_delivery(), SlotState::kFree);
+  while (!inflight_.empty()) {
+    const auto s = wait_for_delivery({});
+    if (!s) SPINDLE_THROW(std::logic_error, "spindle: the Loader was closed during reset()");
+    ring_->ring.set_state(*s, SlotState::kFree);
+  }
   batches_ = std::move(batches);
   next_post_ = 0;
   delivered_ = 0;
@@ -184,6 +232,10 @@ void Loader::rethrow_if_broken() const {
 }
 
 void Loader::start() {
+  {
+    std::lock_guard lock(pids_mu_);
+    pids_ = pool_->pids();
+  }
   last_check_ = std::chrono::steady_clock::now();
   post_more();
 }
@@ -192,15 +244,27 @@ Loader::~Loader() { close(); }
 
 uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_slots; }
 
-std::vector<pid_t> Loader::worker_pids() const { return pool_ ? pool_->pids() : std::vector<pid_t>{}; }
+std::vector<pid_t> Loader::worker_pids() const {
+  std::lock_guard lock(pids_mu_);
+  return pids_;
+}
 
-void Loader::close() noexcept { stop_workers(std::chrono::milliseconds(1000)); }
+void Loader::close() noexcept {
+  closing_.store(true, std::memory_order_release);
+  // Wake a next() waiting in another thread; it sees closing_ and returns.
+  if (ring_) detail::futex_wake(&ring_->ring.header().completed, INT32_MAX);
+  std::lock_guard op(op_mu_);
+  stop_workers(std::chrono::milliseconds(1000));
+}
 
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
+  closing_.store(true, std::memory_order_release);
   if (!pool_) return;
   for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
   pool_->shutdown(grace);
   pool_.reset();
+  std::lock_guard lock(pids_mu_);
+  pids_.clear();
 }
 
 void Loader::post_more() {
@@ -220,6 +284,7 @@ void Loader::post_more() {
       h.worker = -1;
       h.error_bytes = 0;
       h.flags = 0;
+      write_raw_descriptor(r.descriptor(s));
       r.set_state(s, SlotState::kPosted);
       r.queue(1 + next_worker_).post(s);
       inflight_.push_back(s);
@@ -237,6 +302,7 @@ void Loader::post_more() {
     h.worker = -1;
     h.error_bytes = 0;
     h.flags = 0;
+    write_raw_descriptor(r.descriptor(s));
     std::copy(idx.begin(), idx.end(), r.indices(s));
     r.set_state(s, SlotState::kPosted);
     // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
@@ -286,12 +352,13 @@ void Loader::check_workers() {
               false);
 }
 
-uint32_t Loader::wait_for_delivery() {
+std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& poll) {
   const BatchRing& r = ring_->ring;
   if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
   auto& completed = r.header().completed;
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
+    if (closed()) return std::nullopt;
     const uint32_t seq = completed.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < inflight_.size(); ++i) {
       const SlotState st = r.state(inflight_[i]);
@@ -306,13 +373,14 @@ uint32_t Loader::wait_for_delivery() {
     if (now - last_check_ >= kSupervisePeriod) {
       last_check_ = now;
       check_workers();
+      if (poll) poll();
     }
     if (options_.timeout.count() > 0 && now - start >= options_.timeout) {
       const uint32_t s = inflight_.front();
       const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
-      fail_closed("spindle: no batch arrived within timeout=" + std::to_string(options_.timeout.count()) +
-                      " ms; waiting for batch " + std::to_string(b) + " " + describe_batch(b) + ", " +
-                      describe_holder(s) +
+      fail_closed("spindle: DataLoader timed out after " + seconds(options_.timeout) +
+                      " seconds: no batch arrived; waiting for batch " + std::to_string(b) + " " +
+                      describe_batch(b) + ", " + describe_holder(s) +
                       ". Raise timeout, or find out why this sample is slow. The loader is closed.",
                   true);
     }
@@ -320,15 +388,19 @@ uint32_t Loader::wait_for_delivery() {
   }
 }
 
-std::optional<Batch> Loader::next() {
+std::optional<Batch> Loader::next(const std::function<void()>& poll) {
+  std::lock_guard op(op_mu_);
   rethrow_if_broken();
+  if (closed()) return std::nullopt;
   const BatchRing& r = ring_->ring;
   uint32_t s = 0;
   for (;;) {
     if (!options_.round_robin && delivered_ == batches_.size()) return std::nullopt;
     post_more();
     if (options_.round_robin && inflight_.empty()) return std::nullopt;  // every stream ended
-    s = wait_for_delivery();
+    const auto got = wait_for_delivery(poll);
+    if (!got) return std::nullopt;  // closed meanwhile
+    s = *got;
     ++delivered_;
     SlotHeader& done = r.slot(s);
     if (r.state(s) == SlotState::kReady && (done.flags & kSlotExhausted)) {
@@ -352,7 +424,14 @@ std::optional<Batch> Loader::next() {
     throw BatchFailedError(what, worker, pid, batch, std::move(payload));
   }
   r.set_state(s, SlotState::kLeased);
-  Batch batch(ring_, s);
+  Batch batch = [&] {
+    try {
+      return Batch(ring_, s);
+    } catch (...) {  // a descriptor the worker garbled: the slot goes back, the error to the caller
+      r.set_state(s, SlotState::kFree);
+      throw;
+    }
+  }();
   bool pipeline_has_room = false;
   for (uint32_t i = 0; i < r.geometry().num_slots && !pipeline_has_room; ++i)
     pipeline_has_room = r.state(i) != SlotState::kLeased;

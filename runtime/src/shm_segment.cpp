@@ -44,7 +44,35 @@ int ShmSegment::reclaim_stale(const std::string& dir) {
   return removed;
 }
 
-ShmSegment::ShmSegment(std::size_t bytes, const std::string& what) : size_(bytes) {
+#ifdef MADV_POPULATE_WRITE
+constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kMadvPopulateWrite = 23;  // Linux 5.14+
+#endif
+
+void ShmSegment::reserve(int fd, std::byte* base, std::size_t offset, std::size_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  if (int rc = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes)); rc != 0) {
+    struct statvfs vfs {};
+    std::string free_text = statvfs("/dev/shm", &vfs) == 0
+                                ? mib(static_cast<std::size_t>(vfs.f_bavail) * vfs.f_frsize) + " free"
+                                : "free space unknown";
+    SPINDLE_THROW(SharedMemoryError,
+                  "spindle: cannot reserve " + mib(bytes) + " of shared memory in /dev/shm for " + what + ": " +
+                      std::strerror(rc) + " (/dev/shm has " + free_text +
+                      "). Lower batch_size, prefetch_factor or num_workers, or give the machine "
+                      "more /dev/shm (e.g. docker run --shm-size=...).");
+  }
+  // Map every page now, so reading a batch takes no page faults (a 3 MiB
+  // batch would otherwise cost 768 of them). Best effort: older kernels lack it.
+  madvise(base + offset, bytes, kMadvPopulateWrite);
+}
+
+void ShmSegment::reserve(std::size_t offset, std::size_t bytes, const std::string& what) const {
+  reserve(fd_, data_, offset, bytes, what);
+}
+
+ShmSegment::ShmSegment(std::size_t bytes, const std::string& what, std::size_t reserve_bytes) : size_(bytes) {
   reclaim_stale();
   const std::string name = std::string(kPrefix) + std::to_string(getpid()) + "." +
                            std::to_string(g_counter.fetch_add(1));
@@ -56,25 +84,25 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what) : size_(bytes
       ~Unlink() { bip::shared_memory_object::remove(n.c_str()); }
     } unlink{name};
     int fd = shm.get_mapping_handle().handle;
-    if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
-      struct statvfs vfs {};
-      std::string free_text = statvfs("/dev/shm", &vfs) == 0
-                                  ? mib(static_cast<std::size_t>(vfs.f_bavail) * vfs.f_frsize) + " free"
-                                  : "free space unknown";
-      SPINDLE_THROW(SharedMemoryError,
-                    "spindle: cannot reserve " + mib(bytes) + " of shared memory in /dev/shm for " + what +
-                        ": " + std::strerror(rc) + " (/dev/shm has " + free_text +
-                        "). Lower batch_size, prefetch_factor or num_workers, or give the machine "
-                        "more /dev/shm (e.g. docker run --shm-size=...).");
-    }
-    // MAP_POPULATE: map every page now, so the consumer reading a batch takes
-    // no page faults (a 3 MiB batch would otherwise cost 768 of them).
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " for " + what + " failed");
+    // A sparse file of the whole size: only reserved ranges take memory.
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      SPINDLE_THROW_ERRNO("spindle: cannot size the shared memory segment for " + what + " to " + mib(bytes));
+    // MAP_NORESERVE: the window is address space, not memory, until reserved.
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED)
+      SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " of address space for " + what +
+                          " failed (ulimit -v? lower max_batch_bytes)");
     data_ = static_cast<std::byte*>(p);
     // Kept (close-on-exec) so the segment can be handed to workers that are
-    // not forks of this process (see zygote.hpp).
+    // not forks of this process (see zygote.hpp), and so slots can grow.
     fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    try {
+      reserve(0, std::min(reserve_bytes, bytes), what);
+    } catch (...) {  // no destructor runs for a half-built segment
+      munmap(data_, size_);
+      close(fd_);
+      throw;
+    }
   } catch (const bip::interprocess_exception& e) {
     SPINDLE_THROW(SharedMemoryError, "spindle: cannot create shared memory segment /dev/shm/" + name +
                                          " for " + what + ": " + e.what());

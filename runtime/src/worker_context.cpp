@@ -13,6 +13,7 @@
 
 #include <spindle/error.hpp>
 #include <spindle/ring_copy.hpp>
+#include <spindle/shm_segment.hpp>
 
 namespace spindle {
 namespace {
@@ -21,14 +22,64 @@ constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
 #else
 constexpr int kMadvPopulateWrite = 23;  // Linux 5.14+
 #endif
+
+constexpr uint64_t kGrowStep = 1 << 20;  // slots grow in MiB steps: few fallocate calls
+
+std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
+
 }  // namespace
 
-WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent)
-    : ring_(ring), worker_id_(worker_id), parent_(parent) {
+WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent, int segment_fd)
+    : ring_(ring), worker_id_(worker_id), parent_(parent), segment_fd_(segment_fd) {
   // A forked child inherits the mapping but not its page-table entries: map
-  // the whole segment up front (one call) instead of faulting on every page
-  // of every slot it writes. Best effort: older kernels lack the flag.
-  madvise(&ring_.header(), ring_.header().total_bytes, kMadvPopulateWrite);
+  // what is reserved up front (one call per region) instead of faulting on
+  // every page of every slot it writes. Best effort: older kernels lack the
+  // flag. Never the whole window: that would back it all with memory.
+  auto* base = reinterpret_cast<std::byte*>(&ring_.header());
+  madvise(base, ring_.fixed_bytes(), kMadvPopulateWrite);
+  for (uint32_t s = 0; s < ring_.geometry().num_slots; ++s)
+    madvise(ring_.payload(s), ring_.slot(s).reserved, kMadvPopulateWrite);
+}
+
+std::span<std::byte> WorkerContext::reserve(WorkItem& item, uint64_t bytes) {
+  SlotHeader& h = ring_.slot(item.slot);
+  if (bytes > h.reserved) {
+    const uint64_t window = ring_.header().slot_stride;
+    if (bytes > window)
+      SPINDLE_THROW(std::length_error,
+                    "spindle: batch " + std::to_string(item.batch_id) + " needs " + mib(bytes) +
+                        " but a ring slot holds at most " + mib(window) +
+                        "; raise max_batch_bytes (LoaderOptions::max_batch_bytes) or lower batch_size");
+    if (segment_fd_ < 0)
+      SPINDLE_THROW(std::length_error, "spindle: batch " + std::to_string(item.batch_id) + " needs " +
+                                           mib(bytes) + " but this worker's slots cannot grow past " +
+                                           mib(h.reserved) + "; raise LoaderOptions::slot_bytes");
+    const uint64_t want = std::min(window, (bytes + kGrowStep - 1) / kGrowStep * kGrowStep);
+    auto* base = reinterpret_cast<std::byte*>(&ring_.header());
+    ShmSegment::reserve(segment_fd_, base, static_cast<std::size_t>(ring_.payload(item.slot) - base),
+                        static_cast<std::size_t>(want),
+                        "batch " + std::to_string(item.batch_id) + " (" + mib(bytes) + ")");
+    h.reserved = want;
+  }
+  item.out = ring_.payload_span(item.slot);
+  return item.out;
+}
+
+std::span<std::byte> WorkerContext::begin_arrays(WorkItem& item, const SlotLayout& layout,
+                                                 std::string_view structure) {
+  if (layout.capacity() < item.indices.size())
+    SPINDLE_THROW(std::invalid_argument, "spindle: the layout holds " + std::to_string(layout.capacity()) +
+                                             " samples but batch " + std::to_string(item.batch_id) + " has " +
+                                             std::to_string(item.indices.size()));
+  std::span<std::byte> out = reserve(item, layout.bytes());
+  write_arrays_descriptor(ring_.descriptor(item.slot), layout, structure);
+  return out;
+}
+
+void WorkerContext::put_bytes(WorkItem& item, std::span<const std::byte> bytes) {
+  std::span<std::byte> out = reserve(item, bytes.size());
+  copy_into_ring(out.data(), bytes.data(), bytes.size());
+  write_bytes_descriptor(ring_.descriptor(item.slot), bytes.size());
 }
 
 std::optional<WorkItem> WorkerContext::claim() {
@@ -77,6 +128,7 @@ void WorkerContext::exhausted(const WorkItem& item) noexcept {
 void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
   const std::size_t n = std::min(report.size(), ring_.report_capacity());
   std::memcpy(ring_.payload(item.slot), report.data(), n);
+  write_raw_descriptor(ring_.descriptor(item.slot));
   ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
   finish(item, SlotState::kFailed);
 }
@@ -88,21 +140,22 @@ AttachedWorker::AttachedWorker(int segment_fd, int worker_id, pid_t parent) {
   struct stat st {};
   if (fstat(segment_fd, &st) != 0) SPINDLE_THROW_ERRNO("spindle: worker cannot stat the loader's segment");
   size_ = static_cast<std::size_t>(st.st_size);
-  mem_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
+  mem_ = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, segment_fd, 0);
   if (mem_ == MAP_FAILED) SPINDLE_THROW_ERRNO("spindle: worker cannot map the loader's segment");
-  close(segment_fd);
+  fd_ = segment_fd;  // kept: slots grow through it
   BatchRing ring(static_cast<std::byte*>(mem_));
   if (ring.header().magic != RingHeader::kMagic || worker_id < 0 ||
       static_cast<uint32_t>(worker_id) >= ring.geometry().num_workers)
     SPINDLE_THROW(std::invalid_argument, "spindle: descriptor " + std::to_string(segment_fd) +
                                              " is not a loader segment for worker " + std::to_string(worker_id));
   ring.worker(static_cast<uint32_t>(worker_id)).pid.store(getpid(), std::memory_order_relaxed);
-  context_.emplace(ring, worker_id, parent);
+  context_.emplace(ring, worker_id, parent, fd_);
 }
 
 AttachedWorker::~AttachedWorker() {
   context_.reset();
   if (mem_ && mem_ != MAP_FAILED) munmap(mem_, size_);
+  if (fd_ >= 0) close(fd_);
 }
 
 WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {

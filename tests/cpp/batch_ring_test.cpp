@@ -60,6 +60,7 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
   EXPECT_EQ(h.slot_stride % BatchRing::kPayloadAlign, 0u);
   EXPECT_LT(h.slot_stride, min_stride + BatchRing::kPayloadAlign) << "stride over-padded";
   EXPECT_EQ(t.ring.report_capacity(), h.slot_stride);
+  EXPECT_EQ(h.slot_reserve, h.slot_stride) << "with no slot_window, a slot is what it reserves up front";
 
   const std::vector<Region> regions = {
       {"header", 0, sizeof(RingHeader)},
@@ -68,6 +69,7 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
       {"slots", h.slots_offset, h.slots_offset + sizeof(SlotHeader) * g.num_slots},
       {"indices", h.indices_offset,
        h.indices_offset + sizeof(int64_t) * uint64_t{g.batch_capacity} * g.num_slots},
+      {"descriptors", h.descriptors_offset, h.descriptors_offset + kDescriptorBytes * g.num_slots},
       {"payload", h.payload_offset, h.payload_offset + h.slot_stride * g.num_slots},
   };
   for (std::size_t i = 0; i < regions.size(); ++i) {
@@ -86,7 +88,8 @@ TEST_P(BatchRingLayout, RegionsAreAlignedOrderedDisjointAndCovered) {
   for (uint32_t s = 0; s < g.num_slots; ++s) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.ring.payload(s)) % BatchRing::kPayloadAlign, 0u) << "slot " << s;
     EXPECT_EQ(reinterpret_cast<uintptr_t>(&t.ring.slot(s)) % kCacheLine, 0u) << "slot " << s;
-    EXPECT_EQ(t.ring.payload_span(s).size(), g.slot_bytes);
+    EXPECT_EQ(t.ring.payload_span(s).size(), h.slot_reserve);
+    EXPECT_EQ(t.ring.descriptor(s), t.map.data() + h.descriptors_offset + kDescriptorBytes * s);
     EXPECT_EQ(reinterpret_cast<std::byte*>(t.ring.indices(s)),
               t.map.data() + h.indices_offset + sizeof(int64_t) * g.batch_capacity * s);
     EXPECT_EQ(t.ring.state(s), SlotState::kFree);
@@ -176,7 +179,7 @@ TEST(BatchRingStateMachine, ClaimFillCommitWalksTheSlotThroughItsStates) {
   EXPECT_EQ(item->batch_id, 42);
   EXPECT_EQ(std::vector<int64_t>(item->indices.begin(), item->indices.end()), (std::vector<int64_t>{7, 8, 9}));
   EXPECT_EQ(item->out.data(), r.payload(1));
-  EXPECT_EQ(item->out.size(), 64u);
+  EXPECT_EQ(item->out.size(), BatchRing::kMinSlotStride) << "every slot starts with the minimum reserved";
   EXPECT_EQ(r.state(1), SlotState::kFilling);
   EXPECT_EQ(r.slot(1).worker, 1);
   EXPECT_EQ(r.worker(1).slot.load(), 1);

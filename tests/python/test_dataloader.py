@@ -172,20 +172,20 @@ def test_persistent_workers_serve_every_epoch_with_the_same_processes():
 
 
 def test_a_sample_with_other_keys_names_the_sample_and_both_structures():
-    """A dict sample whose keys differ from sample 0 raises ValueError naming the sample and both structures."""
+    """A dict sample whose keys differ from its batch's first raises ValueError naming both samples and structures."""
 
     class Keys(Images):
         def __getitem__(self, i):
             return {"x": np.zeros(2), "y": i} if i != 21 else {"x": np.zeros(2), "z": i}
 
-    with pytest.raises(ValueError, match=r"sample 21 has structure \{'x': leaf, 'z': leaf\}, but sample 0 had "
-                                         r"\{'x': leaf, 'y': leaf\}") as e:
+    with pytest.raises(ValueError, match=r"sample 21 has structure \{'x': leaf, 'z': leaf\}, but sample 16 \(the "
+                                         r"first of its batch\) had \{'x': leaf, 'y': leaf\}") as e:
         list(spindle.DataLoader(Keys(40), batch_size=8, num_workers=2))
     assert e.value.sample_index == 21
 
 
 def test_dataset_code_never_runs_in_the_consumer():
-    """The layout probe reads sample 0 in a throwaway fork: a lazily opened handle is never opened by the consumer."""
+    """Nothing is read in the consumer to plan the ring: a lazily opened handle is opened only by the workers."""
 
     class LazyHandle(Images):
         opened_by: set = set()

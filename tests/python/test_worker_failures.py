@@ -103,7 +103,7 @@ def test_a_stuck_worker_trips_the_timeout_naming_worker_and_sample():
     for _ in range(3):
         next(it)
     start = time.monotonic()
-    with pytest.raises(spindle.LoaderTimeoutError, match=r"timeout=500 ms.*batch 3 .*held by worker 0 .*"
+    with pytest.raises(spindle.LoaderTimeoutError, match=r"DataLoader timed out after 0.5 seconds.*batch 3 .*held by worker 0 .*"
                                                          r"at sample index 13"):
         next(it)
     assert 0.45 < time.monotonic() - start < 2.0

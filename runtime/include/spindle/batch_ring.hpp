@@ -13,8 +13,18 @@
 //   WorkerRecord[num_workers]       what each worker is doing (for crash reports)
 //   SlotHeader[num_slots]           per-slot state machine and batch metadata
 //   int64 indices[num_slots][batch_capacity]   sample indices of each batch
-//   payload[num_slots][slot_stride]            the batch bytes (stride >= 64 KiB,
-//                                              room for an error report)
+//   descriptor[num_slots][kDescriptorBytes]    how each slot's payload is laid
+//                                              out (slot_layout.hpp)
+//   payload[num_slots][slot_stride]            the batch bytes
+//
+// Payloads grow in place. Each slot owns a window of `slot_stride` bytes of
+// address space (the largest batch it may ever hold), but only the first
+// `SlotHeader::reserved` bytes of it are backed by memory: the segment is a
+// sparse file, and the worker that needs more room for a batch reserves it
+// (posix_fallocate, so a full /dev/shm is an error, never a SIGBUS) before
+// writing. Offsets never move, so a batch the user holds stays valid while
+// other slots grow. Every slot starts with at least kMinSlotStride reserved:
+// room for an error report.
 //
 // Slot state machine (one writer per transition, so no CAS is needed):
 //
@@ -36,6 +46,7 @@
 #include <span>
 
 #include <spindle/index_queue.hpp>
+#include <spindle/slot_layout.hpp>
 
 namespace spindle {
 
@@ -55,7 +66,13 @@ struct alignas(kCacheLine) SlotHeader {
   uint32_t count = 0;              // samples in the batch; consumer before posting, worker may lower it
   uint32_t error_bytes = 0;        // worker, before kFailed
   uint32_t flags = 0;              // worker, before kReady: kSlotExhausted
+  // Payload bytes backed by memory; only grows. Written by create() and then
+  // by the worker holding the slot in kFilling (one writer at a time; the
+  // state transitions order it for the next holder and the consumer).
+  uint64_t reserved = 0;
 };
+static_assert(sizeof(SlotHeader) == kCacheLine, "one slot header per cache line");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot states are shared across processes");
 
 // SlotHeader::flags: the worker's data stream ended; the slot holds no batch
 // (round-robin mode, one stream per worker, e.g. a torch IterableDataset).
@@ -74,7 +91,8 @@ struct RingGeometry {
   uint32_t num_slots = 0;
   uint32_t num_workers = 0;
   uint32_t batch_capacity = 0;  // max samples per batch
-  uint64_t slot_bytes = 0;      // payload bytes per slot
+  uint64_t slot_bytes = 0;      // payload bytes reserved per slot up front
+  uint64_t slot_window = 0;     // most payload bytes a slot may grow to (0: slot_bytes)
   // false: one shared queue, any worker takes any batch (map-style data).
   // true: each worker has its own queue and the consumer addresses batches to
   // workers in turn (each worker reads its own stream of samples).
@@ -85,9 +103,10 @@ struct RingHeader {
   static constexpr uint64_t kMagic = 0x31454c444e495053ULL;  // "SPINDLE1"
   uint64_t magic = kMagic;
   RingGeometry geometry;
-  uint64_t slot_stride = 0;
+  uint64_t slot_stride = 0;      // the window of each slot (address space, mostly unbacked)
+  uint64_t slot_reserve = 0;     // payload bytes each slot starts with (>= kMinSlotStride)
   uint64_t queue_offset = 0, queue_stride = 0, workers_offset = 0, slots_offset = 0;
-  uint64_t indices_offset = 0, payload_offset = 0, total_bytes = 0;
+  uint64_t indices_offset = 0, descriptors_offset = 0, payload_offset = 0, total_bytes = 0;
   // Workers bump it after every kReady/kFailed; the consumer sleeps on it.
   // Own line: written by all workers, read in the consumer's wait loop.
   alignas(kCacheLine) std::atomic<uint32_t> completed{0};
@@ -100,8 +119,10 @@ class BatchRing {
   // report (a Python traceback, say) even when batches are tiny.
   static constexpr std::size_t kMinSlotStride = 64 * 1024;
 
-  // Bytes a segment needs for this geometry.
+  // Bytes a segment needs for this geometry (every slot's whole window).
   static std::size_t bytes_for(const RingGeometry& g) noexcept;
+  // Bytes before the first payload (header, queues, records, descriptors).
+  static std::size_t fixed_bytes_for(const RingGeometry& g) noexcept;
   // Lays out and initializes a ring in `mem` (bytes_for(g) bytes, zeroed).
   static BatchRing create(std::byte* mem, const RingGeometry& g);
   // Views an existing ring (a worker's side).
@@ -125,17 +146,25 @@ class BatchRing {
   void set_state(uint32_t s, SlotState st) const noexcept {
     slot(s).state.store(static_cast<uint32_t>(st), std::memory_order_release);
   }
+  // The slot's payload descriptor (kDescriptorBytes; see slot_layout.hpp).
+  std::byte* descriptor(uint32_t s) const noexcept {
+    return base_ + header().descriptors_offset + static_cast<std::size_t>(s) * kDescriptorBytes;
+  }
   int64_t* indices(uint32_t s) const noexcept {
     return at<int64_t>(header().indices_offset) + static_cast<std::size_t>(s) * geometry().batch_capacity;
   }
   std::byte* payload(uint32_t s) const noexcept {
     return base_ + header().payload_offset + static_cast<std::size_t>(s) * header().slot_stride;
   }
+  // The payload bytes of slot s backed by memory now.
   std::span<std::byte> payload_span(uint32_t s) const noexcept {
-    return {payload(s), static_cast<std::size_t>(geometry().slot_bytes)};
+    return {payload(s), static_cast<std::size_t>(slot(s).reserved)};
   }
-  // Room for an error report in a failed slot: the whole stride.
-  std::size_t report_capacity() const noexcept { return static_cast<std::size_t>(header().slot_stride); }
+  // Room for an error report in a failed slot: what every slot starts with.
+  std::size_t report_capacity() const noexcept { return static_cast<std::size_t>(header().slot_reserve); }
+  // Bytes from the start of the segment to the first payload: the part that
+  // is reserved in full when the segment is created.
+  std::size_t fixed_bytes() const noexcept { return static_cast<std::size_t>(header().payload_offset); }
   // Worker side: publish a finished (or failed) slot and wake the consumer.
   void publish(uint32_t s, SlotState st) const noexcept {
     set_state(s, st);

@@ -11,10 +11,12 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +25,7 @@
 
 #include <spindle/batch_plan.hpp>
 #include <spindle/batch_ring.hpp>
+#include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
 #include <spindle/worker_context.hpp>
 #include <spindle/worker_pool.hpp>
@@ -33,7 +36,12 @@ namespace spindle {
 struct LoaderOptions {
   int num_workers = 1;
   uint32_t batch_capacity = 1;   // max samples per batch
-  uint64_t slot_bytes = 0;       // payload bytes per batch
+  // Payload bytes reserved per slot up front (0: the 64 KiB minimum). Slots
+  // grow in place when a worker needs more, up to max_batch_bytes.
+  uint64_t slot_bytes = 0;
+  // The largest batch a slot may hold: address space set aside per slot
+  // (memory is used only as batches need it).
+  uint64_t max_batch_bytes = uint64_t{1} << 30;
   int prefetch_factor = 2;       // batches in flight per worker
   bool in_order = true;          // deliver by batch id; false: as they finish
   // Streams instead of planned batches: no BatchPlan; batch k is asked of
@@ -64,7 +72,23 @@ class Batch {
 
   int64_t batch_id() const noexcept { return batch_id_; }
   std::span<const int64_t> indices() const noexcept { return indices_; }
+  std::size_t count() const noexcept { return indices_.size(); }
+  // The payload in use: the field blocks (kArrays), the byte string (kBytes),
+  // or the slot's first slot_bytes (kRaw).
   std::span<std::byte> data() const noexcept { return data_; }
+  PayloadKind kind() const noexcept { return contents_.kind; }
+  // kArrays: the layout the worker wrote the batch in, and the front end's
+  // structure bytes that came with it.
+  const SlotLayout& layout() const noexcept { return contents_.layout; }
+  std::string_view structure() const noexcept { return contents_.structure; }
+  // Field i as `count()` rows of T (kArrays). Throws std::invalid_argument if
+  // T's size is not the field's item size.
+  template <class T>
+  std::span<T> field(std::size_t i) const {
+    check_field(i, sizeof(T));
+    const std::size_t per_row = layout().row_bytes(i) / sizeof(T);
+    return {reinterpret_cast<T*>(data_.data() + layout().offset(i)), per_row * count()};
+  }
   bool copied_out() const noexcept { return !owned_.empty(); }
 
  private:
@@ -72,14 +96,17 @@ class Batch {
   Batch(std::shared_ptr<RingStorage> ring, uint32_t slot);
   void copy_out();
   void release() noexcept;
+  void check_field(std::size_t i, std::size_t item) const;
 
   std::shared_ptr<RingStorage> ring_;
   uint32_t slot_ = 0;
   int64_t batch_id_ = -1;
   std::span<const int64_t> indices_;
   std::span<std::byte> data_;
+  SlotContents contents_;
   std::vector<std::byte> owned_;
   std::vector<int64_t> owned_indices_;
+  std::vector<std::byte> owned_descriptor_;
 };
 
 class Loader {
@@ -99,16 +126,22 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // The next batch, or nullopt after the last one. Throws BatchFailedError
-  // (iteration may continue after it), WorkerDiedError or LoaderTimeoutError
-  // (the loader is closed after those).
-  std::optional<Batch> next();
+  // The next batch, or nullopt after the last one or once the loader is
+  // closed (also by close() from another thread while this waits). Throws
+  // BatchFailedError (iteration may continue after it), WorkerDiedError or
+  // LoaderTimeoutError (the loader is closed after those). `poll`, if given,
+  // is called every supervision period (~50 ms) while waiting; whatever it
+  // throws (e.g. the Python layer's KeyboardInterrupt) leaves next() with the
+  // loader intact. Calls from several threads are serialized.
+  std::optional<Batch> next(const std::function<void()>& poll = {});
   // Starts a new epoch of `batches` on the same ring and workers (persistent
   // workers). Batches of the previous epoch still in flight are waited for
   // and discarded. Throws like next() if the loader failed.
   void reset(BatchPlan batches);
-  // Stops and reaps the workers. Delivered batches stay valid. Idempotent.
+  // Stops and reaps the workers. Delivered batches stay valid. Idempotent and
+  // safe from any thread: a next() waiting elsewhere returns nullopt at once.
   void close() noexcept;
+  bool closed() const noexcept { return closing_.load(std::memory_order_acquire); }
 
   const ThreadPlan& plan() const noexcept { return plan_; }
   std::vector<pid_t> worker_pids() const;
@@ -124,7 +157,7 @@ class Loader {
   void start();
   void post_more();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
-  uint32_t wait_for_delivery();
+  std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
   void check_workers();
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);
   std::string describe_holder(uint32_t slot) const;
@@ -145,6 +178,13 @@ class Loader {
   std::chrono::steady_clock::time_point last_check_{};
   std::string broken_;  // set once a fatal error closed the loader
   bool broken_timeout_ = false;
+  // close() may come from any thread: it sets closing_, wakes the waiter,
+  // then takes op_mu_ (held by next()/reset() for their whole run) before it
+  // stops the workers, so nothing tears down the pool under a waiting next().
+  std::atomic<bool> closing_{false};
+  std::mutex op_mu_;
+  mutable std::mutex pids_mu_;  // guards pids_ (read by other threads, e.g. a watchdog)
+  std::vector<pid_t> pids_;
 };
 
 }  // namespace spindle

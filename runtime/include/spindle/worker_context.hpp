@@ -20,14 +20,15 @@ struct WorkItem {
   uint32_t slot = 0;
   int64_t batch_id = 0;
   std::span<const int64_t> indices;  // the samples to produce, in order
-  std::span<std::byte> out;          // the slot's payload
+  std::span<std::byte> out;          // the slot's payload reserved now (raw bytes; see reserve())
 };
 
 class WorkerContext {
  public:
   // `parent`: the process whose death means this worker must exit (the
-  // consumer, or the zygote that forked it).
-  WorkerContext(BatchRing ring, int worker_id, pid_t parent);
+  // consumer, or the zygote that forked it). `segment_fd`: the segment, so
+  // slots can grow (-1: they cannot; batches must fit what is reserved).
+  WorkerContext(BatchRing ring, int worker_id, pid_t parent, int segment_fd = -1);
   int worker_id() const noexcept { return worker_id_; }
   int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
 
@@ -38,6 +39,19 @@ class WorkerContext {
   void set_sample(int64_t index) noexcept {
     ring_.worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
   }
+  // Makes sure the item's slot has at least `bytes` of payload backed by
+  // memory and returns it (raw; see begin_arrays/put_bytes for typed
+  // batches). Throws std::length_error if the batch is larger than the slot
+  // window (LoaderOptions::max_batch_bytes), SharedMemoryError if /dev/shm
+  // cannot hold it.
+  std::span<std::byte> reserve(WorkItem& item, uint64_t bytes);
+  // Starts an array batch: reserves layout.bytes(), writes the slot's
+  // descriptor, and returns the payload; field i's block starts at
+  // layout.offset(i). `structure` is opaque to the runtime (the consumer gets
+  // it back with the batch).
+  std::span<std::byte> begin_arrays(WorkItem& item, const SlotLayout& layout, std::string_view structure);
+  // Stores one byte string (e.g. a pickled batch) as the item's payload.
+  void put_bytes(WorkItem& item, std::span<const std::byte> bytes);
   // Publishes the item's payload as complete.
   void commit(const WorkItem& item) noexcept;
   // The same, for a batch of only `count` samples (a stream's short last batch).
@@ -54,6 +68,7 @@ class WorkerContext {
   BatchRing ring_;
   int worker_id_;
   pid_t parent_;
+  int segment_fd_;
 };
 
 using WorkerMain = std::function<int(WorkerContext&)>;
@@ -73,6 +88,7 @@ class AttachedWorker {
  private:
   void* mem_ = nullptr;
   std::size_t size_ = 0;
+  int fd_ = -1;
   std::optional<WorkerContext> context_;
 };
 

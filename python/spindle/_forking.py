@@ -1,0 +1,88 @@
+"""Around spindle's own forks."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import warnings
+from typing import Any, Callable, Iterator
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    """Silences JAX's at-fork warning around spindle's forks of its workers.
+
+    JAX warns on every fork of a process where it runs, because a child that
+    calls into JAX can deadlock. spindle's children run only spindle's code and
+    the dataset's, with JAX_PLATFORMS=cpu set; the warning stays true for
+    dataset code that calls JAX (docs/architecture.md, "Forking safely").
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        yield
+
+
+def call_in_fork(fn: Callable[[], Any]) -> Any:
+    """Returns fn() computed in a forked child (its own copy-on-write copy of
+    everything fn touches); re-raises its exception here.
+
+    Used only where a computation would mutate state this process must keep
+    (grain's initial iterator state of a worker slice). The child dies with
+    this process (PR_SET_PDEATHSIG) and is killed and reaped if this process
+    is interrupted while waiting; the result comes back over a private pipe
+    that no user code writes to.
+    """
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    with forking():
+        pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            os.close(read_fd)
+            _die_with_parent(parent)
+            try:
+                payload = pickle.dumps(("ok", fn()))
+                code = 0
+            except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+                exc.__traceback__ = None
+                try:
+                    payload = pickle.dumps(("error", exc))
+                except Exception:
+                    payload = pickle.dumps(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as inp:
+            data = inp.read()
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"spindle: the helper process (pid {pid}) died ({_describe(status)}) before answering")
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise value
+    return value
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a forked child: SIGKILL when `parent` dies (and exit now if it already has)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status)}"
