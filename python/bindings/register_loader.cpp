@@ -1,6 +1,7 @@
 // Loader (consumer side), Lease (a delivered batch) and WorkerContext (the
 // worker side). Lambdas here convert types and release the GIL, nothing else.
 #include <Python.h>
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <pybind11/numpy.h>
@@ -312,8 +313,13 @@ void register_loader(py::module_& m) {
              l.reset(std::move(plan));
            },
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none())
-      .def("close", &Loader::close, py::call_guard<py::gil_scoped_release>(),
-           "Stops the workers; safe from any thread (a next() waiting elsewhere returns None).")
+      .def("close",
+           [](Loader& l, double grace) {
+             l.close(std::chrono::milliseconds(static_cast<int64_t>(std::clamp(grace, 0.0, 3600.0) * 1000)));
+           },
+           py::arg("grace") = 1.0, py::call_guard<py::gil_scoped_release>(),
+           "Stops the workers (busy ones get `grace` seconds before SIGKILL); safe from any thread (a "
+           "next() waiting elsewhere returns None).")
       .def_property_readonly("closed", &Loader::closed)
       .def_property_readonly("plan", &Loader::plan)
       .def_property_readonly("worker_pids", [](const Loader& l) { return l.worker_pids(); })

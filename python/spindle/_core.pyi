@@ -200,9 +200,9 @@ class AttachedWorker:
 class Loader:
     def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex = 0, max_batch_bytes: typing.SupportsInt | typing.SupportsIndex | None = None, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
         ...
-    def close(self) -> None:
+    def close(self, grace: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
         """
-        Stops the workers; safe from any thread (a next() waiting elsewhere returns None).
+        Stops the workers (busy ones get `grace` seconds before SIGKILL); safe from any thread (a next() waiting elsewhere returns None).
         """
     def next(self) -> typing.Any:
         ...

@@ -260,8 +260,8 @@ class _WorkerIterator:
             self._loader.close()
 
     def _stop(self) -> None:
-        """Stops the workers whoever owns them (persistent ones restart next epoch)."""
-        self._loader.close()
+        """Stops the workers now, whoever owns them (persistent ones restart next epoch)."""
+        self._loader.close(grace=0.05)
         if self._owner is not None:
             self._owner.close()
 

@@ -249,12 +249,12 @@ std::vector<pid_t> Loader::worker_pids() const {
   return pids_;
 }
 
-void Loader::close() noexcept {
+void Loader::close(std::chrono::milliseconds grace) noexcept {
   closing_.store(true, std::memory_order_release);
   // Wake a next() waiting in another thread; it sees closing_ and returns.
   if (ring_) detail::futex_wake(&ring_->ring.header().completed, INT32_MAX);
   std::lock_guard op(op_mu_);
-  stop_workers(std::chrono::milliseconds(1000));
+  stop_workers(grace);
 }
 
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {

@@ -138,9 +138,11 @@ class Loader {
   // workers). Batches of the previous epoch still in flight are waited for
   // and discarded. Throws like next() if the loader failed.
   void reset(BatchPlan batches);
-  // Stops and reaps the workers. Delivered batches stay valid. Idempotent and
-  // safe from any thread: a next() waiting elsewhere returns nullopt at once.
-  void close() noexcept;
+  // Stops and reaps the workers: idle ones exit at once, busy ones get
+  // `grace` to finish their batch before SIGKILL. Delivered batches stay
+  // valid. Idempotent and safe from any thread: a next() waiting elsewhere
+  // returns nullopt at once.
+  void close(std::chrono::milliseconds grace = std::chrono::milliseconds(1000)) noexcept;
   bool closed() const noexcept { return closing_.load(std::memory_order_acquire); }
 
   const ThreadPlan& plan() const noexcept { return plan_; }
