@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 CMAKE := $(VENV)/bin/cmake
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps
-PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain
+PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl
 JOBS ?= 2
 
 .PHONY: demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean

@@ -1,12 +1,16 @@
 """Keep a worker to its lease of one thread.
 
-Two halves:
+Three parts:
 
 - ``cap_worker_pools()`` runs first thing in every worker, before any user
   code: it sets the environment that thread-pool runtimes read when they start
-  (OpenMP, MKL, OpenBLAS, numexpr, TensorFlow, XLA/JAX) and caps the pools of
-  runtimes already loaded in the consumer and inherited by the fork (torch's
-  intra-op pool, OpenBLAS).
+  (OpenMP, MKL, OpenBLAS, numexpr, TensorFlow, XLA/JAX) and caps, through
+  their own APIs (threadpoolctl), the pools of runtimes already loaded in the
+  consumer and inherited by the fork (torch's intra-op pool, OpenMP, MKL,
+  BLIS, OpenBLAS built on OpenMP).
+- ``openblas_capped_across_forks()`` runs in the consumer around spindle's
+  forks, for the one runtime a worker cannot cap itself: OpenBLAS on pthreads
+  (numpy's and scipy's wheels), see ``_restarts_its_pool_when_capped``.
 - ``ThreadWatchdog`` runs in the consumer: it looks at each worker's threads
   (``/proc/<pid>/task``) about once a second and warns, once per loader, about
   a worker running more threads than its lease, naming them, so the code that
@@ -16,11 +20,18 @@ Two halves:
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import sys
+import threading
 import time
 import warnings
-from typing import Callable
+from typing import Any, Callable, Iterator
+
+try:
+    import threadpoolctl  # imported here, in the consumer, so that forked workers find it loaded
+except ImportError:  # a declared dependency; without it loaded pools stay uncapped, and the watchdog says why
+    threadpoolctl = None
 
 # Read by each runtime when its pool starts; a worker is one thread.
 _ONE_THREAD_ENV = {
@@ -54,10 +65,93 @@ def cap_worker_pools() -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError:
             pass  # already used in the consumer; its inter-op pool starts lazily, on demand only
-    # OpenBLAS already loaded in the consumer is deliberately left alone: its
-    # openblas_set_num_threads() would itself start the pool it is meant to
-    # cap (nproc - 1 threads after a fork). If dataset code calls BLAS in a
-    # worker, the watchdog names the threads.
+    cap_loaded_pools()
+
+
+def cap_loaded_pools() -> None:
+    """Sets every thread-pool runtime loaded in this (worker) process to one
+    thread through its own API, for the worker's lifetime (nothing without
+    threadpoolctl; the watchdog's warning then says so).
+
+    The environment above cannot reach these: a runtime reads it once, when it
+    is loaded, and these were loaded in the consumer before the fork. OpenBLAS
+    on pthreads is skipped: capping it here would start its pool (see
+    ``_restarts_its_pool_when_capped``); it arrives capped from the consumer
+    instead (``openblas_capped_across_forks``).
+    """
+    if threadpoolctl is None:
+        return
+    for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+        if not _restarts_its_pool_when_capped(lib):
+            lib.set_num_threads(1)
+
+
+def _restarts_its_pool_when_capped(lib: Any) -> bool:
+    """OpenBLAS built on pthreads, in a forked child, cannot be capped without
+    starting its pool.
+
+    Its fork handler stops the pool in the parent (pthread_atfork), and every
+    entry point restarts it lazily in the child, openblas_set_num_threads()
+    included: called in a fresh worker it first starts nproc - 1 threads, which
+    it never stops, then records the new count. A BLAS call, on the other hand,
+    starts no thread when the recorded count is 1. So the count is set to 1 in
+    the consumer just before the fork (where the pool is running and setting it
+    starts nothing), and the worker inherits it. Measured with numpy's
+    OpenBLAS 0.3.31 on 2 CPUs, counting /proc/self/task in a forked child: 1
+    thread at start, 2 right after threadpoolctl caps it (before any BLAS
+    call), still 2 after matmuls; with the cap inherited, 1 after matmuls.
+    """
+    return lib.internal_api == "openblas" and lib.threading_layer == "pthreads"
+
+
+_fork_lock = threading.Lock()
+_forks_in_progress = 0
+_openblas_to_restore: list[tuple[Any, int]] = []
+
+
+@contextlib.contextmanager
+def openblas_capped_across_forks() -> Iterator[None]:
+    """In the consumer, around spindle's forks: OpenBLAS (pthreads) runs one
+    thread, so that workers inherit that count; the consumer's count is put
+    back afterwards.
+
+    Putting it back restarts the consumer's pool at once rather than at its
+    next BLAS call (OpenBLAS's fork handler stopped it). BLAS called by other
+    consumer threads meanwhile runs single-threaded. Loaders forking from
+    several threads at once share one cap, restored when the last finishes.
+    """
+    global _forks_in_progress
+    consumer = os.getpid()
+    with _fork_lock:
+        _forks_in_progress += 1
+        if _forks_in_progress == 1 and threadpoolctl is not None:
+            for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+                if _restarts_its_pool_when_capped(lib) and (n := lib.get_num_threads()) and n > 1:
+                    lib.set_num_threads(1)
+                    _openblas_to_restore.append((lib, n))
+    try:
+        yield
+    finally:
+        # A forked child leaving the block (run_forked's) keeps the cap, as a worker does.
+        if os.getpid() == consumer:
+            with _fork_lock:
+                _forks_in_progress -= 1
+                if _forks_in_progress == 0:
+                    while _openblas_to_restore:
+                        lib, n = _openblas_to_restore.pop()
+                        lib.set_num_threads(n)
+
+
+def _forget_forks_in_child() -> None:
+    """A child starts with no fork in progress and a free lock (another
+    consumer thread may have held it at the fork)."""
+    global _fork_lock, _forks_in_progress
+    _fork_lock = threading.Lock()
+    _forks_in_progress = 0
+    _openblas_to_restore.clear()
+
+
+os.register_at_fork(after_in_child=_forget_forks_in_child)
 
 
 def thread_names(pid: int) -> list[str]:
@@ -74,6 +168,11 @@ def thread_names(pid: int) -> list[str]:
         except OSError:
             pass
     return names
+
+
+_NO_THREADPOOLCTL = (
+    " threadpoolctl is not installed, so BLAS and OpenMP pools loaded in the consumer (numpy's OpenBLAS) are "
+    "not capped in workers, and a worker's first matrix product starts one: pip install threadpoolctl.")
 
 
 class ThreadWatchdog:
@@ -103,6 +202,7 @@ class ThreadWatchdog:
                     "fork handler did (torch restarts one pool thread in every child of a process that called "
                     "torch.set_num_threads). Cap it (torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA "
                     "thread options), create it lazily outside the workers, or use "
-                    "multiprocessing_context='spawn'. Every worker's extra threads count against ulimit -u.",
+                    "multiprocessing_context='spawn'. Every worker's extra threads count against ulimit -u."
+                    + _NO_THREADPOOLCTL * (threadpoolctl is None),
                     RuntimeWarning, stacklevel=3)
                 return

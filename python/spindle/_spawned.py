@@ -31,7 +31,11 @@ def main() -> int:
     with os.fdopen(PAYLOAD_FD, "rb") as f:
         preparation, inner = pickle.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
     # Before the main script is re-imported (it may import torch, numpy, JAX):
-    # pools then start capped, which they cannot be once started.
+    # pools then start capped, which they cannot be once started. The
+    # environment was set before this interpreter imported numpy; this also
+    # caps, through their APIs, the runtimes loaded so far that do not read it
+    # (threadpoolctl). The worker body's _start() caps again once the main
+    # script and the body's modules are loaded.
     cap_worker_pools()
     _prepare(preparation)
     body, kwargs = pickle.loads(inner)

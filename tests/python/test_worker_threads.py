@@ -1,6 +1,7 @@
 """Workers stay at one thread: pools are capped before user code, and growth is reported."""
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 import spindle
 from datasets import Images
+from spindle import _caps
 
 
 def _native_named_sleeper():
@@ -77,6 +79,76 @@ def test_workers_start_with_pools_capped_and_one_thread():
     done = subprocess.run([sys.executable, "-c", CHECK_WORKERS.format(here=os.path.dirname(__file__))],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+class BlasHeavy:
+    """Each sample multiplies two 256x256 float64 matrices (OpenBLAS runs it threaded when it may), then
+    reports the threads of the process that loaded it: [sample value, threads]."""
+
+    def __len__(self):
+        return 320
+
+    def __getitem__(self, i):
+        m = np.full((256, 256), i % 7 + 1.0)
+        product = m @ m
+        return np.array([product[0, 0], len(os.listdir("/proc/self/task"))])
+
+
+CHECK_BLAS_WORKERS = """
+import json, os, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+a = np.random.default_rng(0).random((256, 256))
+a @ a                                     # the consumer's OpenBLAS pool is up before any loader
+report = dict(consumer_pool_up=len(os.listdir("/proc/self/task")) > 1)
+me = os.getpid()
+import threadpoolctl
+import spindle, spindle.torch
+from test_worker_threads import BlasHeavy
+blas_threads = lambda: [lib["num_threads"] for lib in threadpoolctl.threadpool_info() if lib["user_api"] == "blas"]
+report["consumer_blas_before"] = blas_threads()
+for name, loader in (("spindle", spindle.DataLoader(BlasHeavy(), batch_size=4, num_workers=16)),
+                     ("torch", spindle.torch.DataLoader(BlasHeavy(), batch_size=4, num_workers=16))):
+    it = iter(loader)
+    worker_peak = tree_excess = 0
+    reported = []
+    for batch in it:
+        workers = [spindle.count_process_threads(p) for p in it.worker_pids]
+        worker_peak = max(worker_peak, *workers)
+        tree = spindle.count_process_threads(me) + sum(workers)
+        tree_excess = max(tree_excess, tree - (spindle.count_process_threads(me) + 16 + it.plan.arena_threads))
+        reported += [int(t) for t in np.asarray(batch)[:, 1]]
+    report[name] = dict(samples=len(reported), sample_threads_max=max(reported), worker_peak=worker_peak,
+                        tree_excess=tree_excess)
+    del it, loader
+report["consumer_blas_after"] = blas_threads()
+print(json.dumps(report))
+"""
+
+
+def test_workers_stay_at_one_thread_when_dataset_code_calls_blas_already_running_in_the_consumer():
+    """Proves: with OpenBLAS's pool up in the consumer, 16 workers doing matmuls stay at 1 thread each."""
+    done = subprocess.run([sys.executable, "-c", CHECK_BLAS_WORKERS.format(here=os.path.dirname(__file__))],
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    if not r["consumer_pool_up"]:
+        pytest.skip(f"numpy's BLAS runs no thread pool here (one CPU?): {r}")
+    for name in ("spindle", "torch"):
+        assert r[name]["samples"] == 320, r
+        assert r[name]["sample_threads_max"] == 1, r  # each worker, right after its matmul
+        assert r[name]["worker_peak"] == 1, r  # sampled by the consumer while iterating
+        assert r[name]["tree_excess"] <= 0, r  # tree <= consumer + 16 + arena
+    assert r["consumer_blas_after"] == r["consumer_blas_before"], r  # the consumer's BLAS is not left capped
+    assert "over its lease" not in done.stderr, done.stderr[-3000:]
+
+
+def test_without_threadpoolctl_the_lease_warning_says_loaded_pools_were_not_capped(monkeypatch):
+    """Proves: without threadpoolctl, the lease warning says loaded pools went uncapped and to install it."""
+    monkeypatch.setattr(_caps, "threadpoolctl", None)
+    watchdog = _caps.ThreadWatchdog(lambda: [os.getpid()], lease=0, period=0.0)  # any process is over lease 0
+    with pytest.warns(RuntimeWarning, match="threadpoolctl is not installed.*pip install threadpoolctl"):
+        watchdog.poll()
 
 
 def test_a_failing_worker_init_fn_reaches_the_consumer_as_its_exception():
