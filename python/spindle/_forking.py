@@ -10,17 +10,22 @@ import signal
 import warnings
 from typing import Any, Callable, Iterator
 
+from ._caps import openblas_capped_across_forks
+
 
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
-    """Silences JAX's at-fork warning around spindle's forks of its workers.
+    """Around spindle's own forks: silences JAX's at-fork warning, and caps
+    the consumer's OpenBLAS for the children to inherit.
 
     JAX warns on every fork of a process where it runs, because a child that
     calls into JAX can deadlock. spindle's children run only spindle's code and
     the dataset's, with JAX_PLATFORMS=cpu set; the warning stays true for
     dataset code that calls JAX (docs/architecture.md, "Forking safely").
+    OpenBLAS cannot be capped in the child without starting its pool there
+    (``_caps.openblas_capped_across_forks``).
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), openblas_capped_across_forks():
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
         yield
 
