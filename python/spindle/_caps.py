@@ -124,9 +124,9 @@ def openblas_capped_across_forks() -> Iterator[None]:
     consumer = os.getpid()
     with _fork_lock:
         _forks_in_progress += 1
-        if _forks_in_progress == 1 and threadpoolctl is not None:
-            for lib in threadpoolctl.ThreadpoolController().lib_controllers:
-                if _restarts_its_pool_when_capped(lib) and (n := lib.get_num_threads()) and n > 1:
+        if _forks_in_progress == 1:
+            for lib in _consumer_openblas():
+                if (n := lib.get_num_threads()) and n > 1:
                     lib.set_num_threads(1)
                     _openblas_to_restore.append((lib, n))
     try:
@@ -140,6 +140,25 @@ def openblas_capped_across_forks() -> Iterator[None]:
                     while _openblas_to_restore:
                         lib, n = _openblas_to_restore.pop()
                         lib.set_num_threads(n)
+
+
+_openblas_libs: dict[frozenset[str], list[Any]] = {}
+
+
+def _consumer_openblas() -> list[Any]:
+    """threadpoolctl's controllers of the OpenBLAS builds (pthreads) loaded here,
+    found once per set of loaded modules (the scan reads /proc/self/maps).
+    Best effort: with no descriptor left to read it, nothing is capped."""
+    if threadpoolctl is None:
+        return []
+    key = frozenset(name for name in ("numpy", "scipy", "torch", "sklearn") if name in sys.modules)
+    if key not in _openblas_libs:
+        try:
+            libs = threadpoolctl.ThreadpoolController().lib_controllers
+        except OSError:
+            return []
+        _openblas_libs[key] = [lib for lib in libs if _restarts_its_pool_when_capped(lib)]
+    return _openblas_libs[key]
 
 
 def _forget_forks_in_child() -> None:

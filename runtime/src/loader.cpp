@@ -31,6 +31,26 @@ std::string preview(std::span<const int64_t> idx) {
   return s + "]";
 }
 
+// What the kernel says a worker is doing ("stopped" explains a timeout at once).
+std::string process_state(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return "gone";
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* paren = static_cast<const char*>(memrchr(buf, ')', n));
+  const char state = paren && paren + 2 < buf + n ? paren[2] : '?';
+  switch (state) {
+    case 'R': return "running";
+    case 'S': return "sleeping";
+    case 'D': return "in uninterruptible sleep (I/O)";
+    case 'T': return "stopped (SIGSTOP/SIGTSTP)";
+    case 't': return "stopped by a debugger";
+    case 'Z': return "a zombie";
+    default: return std::string("in state '") + state + "'";
+  }
+}
+
 // 2000 ms -> "2", 1500 ms -> "1.5" (as torch prints its timeout).
 std::string seconds(std::chrono::milliseconds ms) {
   char buf[32];
@@ -314,12 +334,19 @@ void Loader::post_more() {
 
 std::string Loader::describe_holder(uint32_t slot) const {
   const BatchRing& r = ring_->ring;
-  if (r.state(slot) == SlotState::kPosted)
-    return "not yet claimed by a worker (all " + std::to_string(options_.num_workers) + " are busy)";
+  if (r.state(slot) == SlotState::kPosted) {
+    std::string who;
+    for (uint32_t w = 0; w < static_cast<uint32_t>(options_.num_workers); ++w) {
+      const pid_t pid = r.worker(w).pid.load();
+      who += (w ? ", " : "") + std::to_string(w) + " (pid " + std::to_string(pid) + ") " + process_state(pid);
+    }
+    return "not yet claimed by a worker (workers: " + who + ")";
+  }
   const int w = r.slot(slot).worker;
   if (w < 0 || w >= options_.num_workers) return "in an unknown state";
   const WorkerRecord& rec = r.worker(static_cast<uint32_t>(w));
-  return "held by worker " + std::to_string(w) + " (pid " + std::to_string(rec.pid.load()) +
+  const pid_t pid = rec.pid.load();
+  return "held by worker " + std::to_string(w) + " (pid " + std::to_string(pid) + ", " + process_state(pid) +
          ") at sample index " + std::to_string(rec.sample_index.load());
 }
 

@@ -105,7 +105,9 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what, std::size_t r
     }
   } catch (const bip::interprocess_exception& e) {
     SPINDLE_THROW(SharedMemoryError, "spindle: cannot create shared memory segment /dev/shm/" + name +
-                                         " for " + what + ": " + e.what());
+                                         " for " + what + ": " + e.what() +
+                                         ". Check the open-file limit (ulimit -n) and that /dev/shm is a "
+                                         "writable tmpfs.");
   }
 }
 
