@@ -93,8 +93,11 @@ def _describe(tree: Any) -> str:
     return f"{kind}(" + ", ".join(_describe(c) for c in children) + ")"
 
 
+_PY_SCALARS = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+
+
 class Columns:
-    """A batch of samples split into one column (list of leaf arrays) per field,
+    """A batch of samples split into one column (list of leaf values) per field,
     checked to share the first sample's structure, shapes and dtypes."""
 
     def __init__(self, samples: list[Any], indices: list[int]) -> None:
@@ -108,7 +111,48 @@ class Columns:
                     f"sample {first}: field {path or '<sample>'} has dtype {leaf.dtype}, which cannot be "
                     "batched in shared memory; use bool, integer, float or complex arrays.", first)
             self.fields.append((leaf.dtype.str, leaf.shape))
-        self.columns = [[leaf] for _, leaf in leaves]
+        columns = self._flat_columns(samples)
+        if columns is None:
+            columns = self._checked_columns(samples, indices, leaves)
+        self.columns = columns
+
+    def _flat_columns(self, samples: list[Any]) -> Optional[list[list[Any]]]:
+        """The common case at C speed: a bare leaf, or a flat tuple/list/dict of
+        leaves, each an ndarray of exactly the field's shape and dtype or a
+        Python bool/int/float where the field came from one. None if any
+        sample differs in any way (the checked path then names it)."""
+        tree = self.tree
+        first = samples[0]
+        if tree is None:
+            columns = [samples]
+        elif tree[0] in ("tuple", "list") and all(c is None for c in tree[2]):
+            kind, n = type(first), len(first)
+            if not all(type(s) is kind and len(s) == n for s in samples):
+                return None
+            columns = [list(c) for c in zip(*samples)]
+        elif tree[0] == "dict" and type(first) is dict and all(c is None for _, c in tree[2]):
+            keys = first.keys()
+            if not all(type(s) is dict and s.keys() == keys for s in samples):
+                return None
+            columns = [[s[k] for s in samples] for k in keys]
+        else:
+            return None
+        for column, (dtype, shape) in zip(columns, self.fields):
+            kind = type(column[0])
+            if kind is np.ndarray:
+                dt = np.dtype(dtype)
+                if not all(type(v) is np.ndarray and v.shape == shape and v.dtype == dt for v in column):
+                    return None
+            elif kind in _PY_SCALARS:
+                if _PY_SCALARS[kind].str != dtype or not all(type(v) is kind for v in column):
+                    return None
+            else:
+                return None
+        return columns
+
+    def _checked_columns(self, samples: list[Any], indices: list[int], leaves: list) -> list[list[Any]]:
+        first = indices[0]
+        columns = [[leaf] for _, leaf in leaves]
         bare = self.tree is None
         for sample, index in zip(samples[1:], indices[1:]):
             if bare:
@@ -120,7 +164,7 @@ class Columns:
                         f"sample {index} has structure {_describe(tree)}, but sample {first} (the first of "
                         f"its batch) had {_describe(self.tree)}; every sample of a batch must have the same "
                         "keys and nesting.", index)
-            for column, (path, leaf), (dtype, shape) in zip(self.columns, flat, self.fields):
+            for column, (path, leaf), (dtype, shape) in zip(columns, flat, self.fields):
                 if leaf.shape != shape or leaf.dtype.str != dtype:
                     raise SampleStructureError(
                         f"sample {index}: field {path or '<sample>'} has shape {leaf.shape} and dtype "
@@ -128,15 +172,18 @@ class Columns:
                         f"dtype {np.dtype(dtype)}. Samples of one batch must have the same shapes: pad, crop "
                         "or cast them in __getitem__.", index)
                 column.append(leaf)
+        return columns
 
     def write(self, arrays: list[np.ndarray]) -> None:
         """Copies every column into rows 0.. of its field's array."""
-        for dst, column, (_, shape) in zip(arrays, self.columns, self.fields):
+        for dst, column, (dtype, shape) in zip(arrays, self.columns, self.fields):
             count = len(column)
-            row_bytes = column[0].nbytes
+            if type(column[0]) in _PY_SCALARS:  # checked: all of that type
+                dst[:count] = column
+                continue
             if shape and all(type(v) is np.ndarray for v in column):
-                if gather_rows(dst[:count], column, row_bytes):  # streaming stores, one call
-                    continue
+                if gather_rows(dst[:count], column, np.dtype(dtype).itemsize * int(np.prod(shape))):
+                    continue  # streaming stores, one call
             for row, value in enumerate(column):
                 dst[row] = value
 

@@ -221,3 +221,23 @@ def test_non_contiguous_samples_are_batched_correctly():
     got = np.concatenate(batches)
     want = np.stack([ds[i] for i in range(64)])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: (np.full((2, 3), i, np.uint8), i),
+    lambda i: [np.float32(i), float(i), i % 2 == 0],
+    lambda i: {"x": np.arange(4) + i, "y": i},
+    lambda i: np.full((5,), i, np.int16),
+    lambda i: {"nested": (np.zeros(2) + i, i)},
+    lambda i: (np.full((2, 3), i, np.uint8)[:, ::2], i),  # non-contiguous rows
+])
+def test_batched_fields_equal_stacking_each_field(make):
+    """Batching (fast or checked path) equals np.stack of each field, with Python scalars as int64/float64/bool."""
+    from spindle._layout import BatchReader, collate_local, flatten
+    samples = [make(i) for i in range(7)]
+    batch = collate_local(samples, list(range(7)), BatchReader())
+    _, got = flatten(batch, 0)
+    per_sample = [flatten(s, i)[1] for i, s in enumerate(samples)]
+    for f, (_, array) in enumerate(got):
+        expected = np.stack([leaves[f][1] for leaves in per_sample])
+        assert array.dtype == expected.dtype and np.array_equal(array, expected)
