@@ -59,11 +59,11 @@ struct Tally {
 // claimers share both with the test.
 class SharedQueue {
  public:
-  SharedQueue(uint32_t capacity, uint32_t items)
+  SharedQueue(uint32_t capacity, uint32_t items, uint32_t first_item = 0)
       : items_(items),
         tally_offset_((IndexQueue::bytes_for(capacity) + kCacheLine - 1) / kCacheLine * kCacheLine),
         map_(tally_offset_ + Tally::bytes_for(items)),
-        queue_(IndexQueue::create(map_.data(), capacity)) {}
+        queue_(IndexQueue::create(map_.data(), capacity, first_item)) {}
 
   IndexQueue& queue() const { return *queue_; }
   Tally& tally() const { return *map_.as<Tally>(tally_offset_); }
@@ -137,6 +137,22 @@ TEST(IndexQueue, ClaimsInPostOrderAndCountsOutstanding) {
     }
     EXPECT_EQ(q.outstanding(), 0u);
     EXPECT_FALSE(q.try_claim().has_value());
+  }
+}
+
+// Proves: a queue numbered from just below UINT32_MAX counts and orders items exactly across the wrap.
+TEST(IndexQueue, CountsAndOrdersItemsAcrossCounterWrapAround) {
+  SharedQueue sq(4, 0, UINT32_MAX - 5);
+  IndexQueue& q = sq.queue();
+  EXPECT_EQ(q.outstanding(), 0u);
+  uint32_t next = 0;
+  for (uint32_t round = 0; round < 4; ++round) {  // item numbers UINT32_MAX-5 .. 10
+    for (uint32_t i = 0; i < 4; ++i) q.post(next + i);
+    EXPECT_EQ(q.outstanding(), 4u);
+    for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(q.try_claim(), std::optional<uint32_t>(next + i));
+    EXPECT_EQ(q.outstanding(), 0u);
+    EXPECT_FALSE(q.try_claim().has_value());
+    next += 4;
   }
 }
 

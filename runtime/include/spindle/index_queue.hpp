@@ -38,9 +38,14 @@ class IndexQueue {
   }
 
   // Placement-initializes a queue at `mem` (bytes_for(capacity) bytes).
-  static IndexQueue* create(void* mem, uint32_t capacity) noexcept {
+  // Items are numbered from `first_item`: the loader starts at 0; tests and
+  // the fuzzer start just below UINT32_MAX to cross the counters' wrap-around
+  // in a few posts instead of 2^32.
+  static IndexQueue* create(void* mem, uint32_t capacity, uint32_t first_item = 0) noexcept {
     auto* q = new (mem) IndexQueue();
     q->capacity_ = capacity;
+    q->posted_.store(first_item, std::memory_order_relaxed);
+    q->claimed_.store(first_item, std::memory_order_relaxed);
     return q;
   }
 
