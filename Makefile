@@ -7,27 +7,35 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 CMAKE := $(VENV)/bin/cmake
+# clang and its compiler-rt: the libFuzzer targets (`make fuzz`, `make fuzz-smoke`).
+FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
-	python3-dev python3-venv python3-numpy util-linux procps
+	python3-dev python3-venv python3-numpy util-linux procps $(FUZZ_APT_PACKAGES)
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl
 JOBS ?= 2
 
-.PHONY: demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean
+.PHONY: demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean \
+	fuzz-deps fuzz-build fuzz fuzz-smoke
 
 demo: install-py
 	$(PY) python/examples/demo.py
 
-test: test-cpp test-sanitizers test-py
+test: test-cpp fuzz-smoke test-sanitizers test-py
 
 # --- set-up -----------------------------------------------------------------
-deps: $(VENV)/.deps-ok
-
-$(VENV)/.deps-ok: Makefile
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES): installs those of PACKAGES that are missing.
+define apt_install
+@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps: $(VENV)/.deps-ok
+
+$(VENV)/.deps-ok: Makefile
+	$(call apt_install,$(APT_PACKAGES))
 	# Debian's python3 (not a per-user one): the thread-limit tests run it as an
 	# unprivileged uid, which must be able to read the interpreter and numpy.
 	[ -x $(PY) ] || /usr/bin/python3 -m venv --system-site-packages $(VENV)
@@ -75,6 +83,57 @@ bench: build-cpp install-py
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
 	$(PY) bench/python/grain_bench.py
+
+# --- fuzzing: libFuzzer targets in tests/fuzz (see tests/fuzz/README.md) ----
+# Built with clang beside the g++ build: each target compiles the few runtime
+# sources it needs itself, with the sanitizers, rather than linking build/cpp's
+# g++ library. `make fuzz` runs each target for FUZZ_SECONDS on a copy of its
+# seed corpus (new inputs stay under build/fuzz/corpus, crashes go to
+# build/fuzz/artifacts); `make fuzz-smoke` only replays the committed corpus.
+CLANGXX ?= clang++
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz
+FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
+FUZZ_CXXFLAGS := -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined -Wall -Wextra -Iruntime/include
+FUZZ_RUN_FLAGS := -timeout=20 -rss_limit_mb=2048 -max_len=1024 -print_final_stats=1
+FUZZ_HEADERS := $(wildcard runtime/include/spindle/*.hpp runtime/include/spindle/detail/*.hpp tests/fuzz/*.hpp)
+
+fuzz-deps: build/fuzz/.deps-ok
+
+build/fuzz/.deps-ok: Makefile
+	$(call apt_install,$(FUZZ_APT_PACKAGES))
+	mkdir -p build/fuzz && touch $@
+
+# Runtime sources each target compiles in (beyond its own file).
+build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/error.cpp
+
+$(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cpp $(FUZZ_HEADERS) build/fuzz/.deps-ok
+	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz-smoke: $(FUZZ_BINS)
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz-smoke: $$t over $$(ls tests/fuzz/corpus/$$t | wc -l) inputs of tests/fuzz/corpus/$$t"; \
+	  ./build/fuzz/$$t -artifact_prefix=build/fuzz/$$t- tests/fuzz/corpus/$$t/* >build/fuzz/$$t.smoke.log 2>&1 \
+	    || { cat build/fuzz/$$t.smoke.log; echo "fuzz-smoke: $$t FAILED"; exit 1; }; \
+	done
+
+fuzz: $(FUZZ_BINS)
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+	  rm -rf build/fuzz/corpus/$$t && mkdir -p build/fuzz/corpus/$$t build/fuzz/artifacts; \
+	  cp tests/fuzz/corpus/$$t/* build/fuzz/corpus/$$t/; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s (log: build/fuzz/$$t.log)"; \
+	  if ./build/fuzz/$$t $(FUZZ_RUN_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
+	       -artifact_prefix=build/fuzz/artifacts/$$t- build/fuzz/corpus/$$t >build/fuzz/$$t.log 2>&1; then \
+	    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' build/fuzz/$$t.log; \
+	  else \
+	    tail -n 40 build/fuzz/$$t.log; echo "fuzz: $$t FAILED; the input is in build/fuzz/artifacts/"; \
+	    failed="$$failed $$t"; \
+	  fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
 clean:
 	rm -rf build $(VENV)
