@@ -156,6 +156,27 @@ TEST(IndexQueue, CountsAndOrdersItemsAcrossCounterWrapAround) {
   }
 }
 
+// Proves: with a capacity that is not a power of two, items posted around the uint32 wrap come out once each, in order.
+TEST(IndexQueue, NonPowerOfTwoCapacityKeepsEveryItemAcrossCounterWrapAround) {
+  // Regression (found by tests/fuzz/index_queue_fuzz): entries were indexed by
+  // n % capacity, which jumps at the wrap unless capacity divides 2^32; with
+  // capacity 3, items 2^32-1 and 2^32 (= 0) shared entry 0, so a full queue
+  // lost one item and handed out another twice. Rings have S = N*prefetch + 2
+  // slots, rarely a power of two.
+  for (const uint32_t capacity : {3u, 5u, 6u, 7u, 11u, 18u, 66u}) {
+    for (uint32_t before_wrap = 1; before_wrap <= capacity; ++before_wrap) {
+      SharedQueue sq(capacity, 0, 0u - before_wrap);
+      IndexQueue& q = sq.queue();
+      for (uint32_t i = 0; i < capacity; ++i) q.post(1000 + i);  // full, straddling the wrap
+      EXPECT_EQ(q.outstanding(), capacity);
+      for (uint32_t i = 0; i < capacity; ++i)
+        ASSERT_EQ(q.try_claim(), std::optional<uint32_t>(1000 + i))
+            << "capacity " << capacity << ", " << before_wrap << " item(s) before the wrap";
+      EXPECT_FALSE(q.try_claim().has_value());
+    }
+  }
+}
+
 // Proves: close() is visible to claimers and leaves posted items claimable.
 TEST(IndexQueue, CloseKeepsPostedItemsClaimable) {
   SharedQueue sq(2, 0);

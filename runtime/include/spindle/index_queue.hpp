@@ -8,17 +8,22 @@
 //   claimed  : count of items ever claimed. Workers advance it by CAS; the
 //              winner of the CAS from c to c+1 owns entry c.
 //   closed   : 0 while running; the consumer sets 1 to make workers exit.
-//   entries  : `capacity` atomic uint32 items; item n lives at entries[n % capacity].
+//   entries  : E atomic uint32 items, E = the power of two >= capacity; item n
+//              lives at entries[n & (E - 1)], i.e. n mod E.
 //              A claimer reads entry c *before* its CAS from c to c+1: after
 //              the CAS the consumer may already reuse the entry.
-// Wrap-around rule: the consumer never has more than `capacity` items posted
-// and unclaimed (an item names a ring slot, and there are `capacity` slots), so
-// entry n is always claimed before n + capacity overwrites it. Counters are
-// uint32 and compared by difference, which is exact across wrap-around.
+// Wrap-around rule: the consumer never has more than `capacity` <= E items
+// posted and unclaimed (an item names a ring slot, and there are `capacity`
+// slots), so entry n is always claimed before n + E overwrites it. Counters are
+// uint32 and compared by difference, which is exact across wrap-around. E is a
+// power of two because it must divide 2^32: then n mod E runs on unbroken when
+// n wraps to 0. With n % capacity and, say, capacity 3, items 2^32-1 and 2^32
+// (= 0) both landed in entry 0, and a full queue lost one item at the wrap.
 // No lock: a worker that dies at any point leaves the counters consistent
 // (either it won the CAS and owns the item, or it did not).
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <new>
 #include <cstddef>
@@ -34,7 +39,7 @@ inline constexpr std::size_t kCacheLine = 64;
 class IndexQueue {
  public:
   static std::size_t bytes_for(uint32_t capacity) noexcept {
-    return sizeof(IndexQueue) + sizeof(std::atomic<uint32_t>) * capacity;
+    return sizeof(IndexQueue) + sizeof(std::atomic<uint32_t>) * entries_for(capacity);
   }
 
   // Placement-initializes a queue at `mem` (bytes_for(capacity) bytes).
@@ -44,6 +49,7 @@ class IndexQueue {
   static IndexQueue* create(void* mem, uint32_t capacity, uint32_t first_item = 0) noexcept {
     auto* q = new (mem) IndexQueue();
     q->capacity_ = capacity;
+    q->mask_ = static_cast<uint32_t>(entries_for(capacity) - 1);
     q->posted_.store(first_item, std::memory_order_relaxed);
     q->claimed_.store(first_item, std::memory_order_relaxed);
     return q;
@@ -52,7 +58,7 @@ class IndexQueue {
   // Consumer only. Precondition: fewer than capacity items outstanding.
   void post(uint32_t item) noexcept {
     uint32_t n = posted_.load(std::memory_order_relaxed);
-    entries()[n % capacity_].store(item, std::memory_order_relaxed);
+    entries()[n & mask_].store(item, std::memory_order_relaxed);
     posted_.store(n + 1, std::memory_order_release);
     detail::futex_wake(&posted_, 1);
   }
@@ -62,8 +68,8 @@ class IndexQueue {
     uint32_t c = claimed_.load(std::memory_order_acquire);
     while (c != posted_.load(std::memory_order_acquire)) {
       // Read the entry before the CAS: once claimed_ moves past c the consumer
-      // may legally post item c + capacity into this very entry.
-      const uint32_t item = entries()[c % capacity_].load(std::memory_order_relaxed);
+      // may legally post item c + E (E = mask_ + 1) into this very entry.
+      const uint32_t item = entries()[c & mask_].load(std::memory_order_relaxed);
       if (claimed_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) return item;
     }
     return std::nullopt;
@@ -91,6 +97,8 @@ class IndexQueue {
 
  private:
   IndexQueue() = default;
+  // A power of two (see the wrap-around rule); up to 2^32 for any uint32 capacity.
+  static uint64_t entries_for(uint32_t capacity) noexcept { return std::bit_ceil(uint64_t{capacity}); }
   // Atomic: a claimer may read an entry while the consumer rewrites it (the
   // claimer's CAS then fails and it retries).
   std::atomic<uint32_t>* entries() noexcept { return reinterpret_cast<std::atomic<uint32_t>*>(this + 1); }
@@ -102,6 +110,7 @@ class IndexQueue {
   alignas(kCacheLine) std::atomic<uint32_t> claimed_{0};
   alignas(kCacheLine) std::atomic<uint32_t> closed_{0};
   uint32_t capacity_ = 0;
+  uint32_t mask_ = 0;  // entries - 1; written once, at creation
 };
 
 static_assert(sizeof(IndexQueue) % kCacheLine == 0);
