@@ -122,7 +122,7 @@ fuzz-smoke: $(FUZZ_BINS)
 
 fuzz: $(FUZZ_BINS)
 	@failed=""; for t in $(FUZZ_TARGETS); do \
-	  rm -rf build/fuzz/corpus/$$t && mkdir -p build/fuzz/corpus/$$t build/fuzz/artifacts; \
+	  rm -rf build/fuzz/corpus/$$t build/fuzz/artifacts/$$t-*; mkdir -p build/fuzz/corpus/$$t build/fuzz/artifacts; \
 	  cp tests/fuzz/corpus/$$t/* build/fuzz/corpus/$$t/; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s (log: build/fuzz/$$t.log)"; \
 	  if ./build/fuzz/$$t $(FUZZ_RUN_FLAGS) -max_total_time=$(FUZZ_SECONDS) \

@@ -1,6 +1,6 @@
 #pragma once
 // Shared by the libFuzzer targets in this folder: reading the fuzzer's bytes,
-// failing with a message, and a zeroed, aligned buffer of an exact size (so
+// failing with a message, and zeroed buffers of an exact size (so
 // AddressSanitizer flags any access one byte past what bytes_for() promised).
 
 #include <cstddef>
@@ -9,6 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include <sys/mman.h>
+
+#include <sanitizer/asan_interface.h>
 
 // Aborts with the failed condition and a printf-style note; libFuzzer saves
 // the input that got here as a crash artifact.
@@ -69,6 +73,36 @@ class AlignedBuffer {
  private:
   std::size_t size_, align_;
   std::byte* data_;
+};
+
+// `size` zeroed bytes at a page boundary, mapped fresh (untouched pages cost
+// nothing, unlike zeroing a heap block of a megabyte or two per input). The
+// bytes after `size` up to the page end are poisoned for AddressSanitizer and
+// the page after that is inaccessible, so an access past `size` still fails.
+class ZeroedMapping {
+ public:
+  explicit ZeroedMapping(std::size_t size) : size_(size), mapped_(round_up(size) + kPage) {
+    void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    SPINDLE_FUZZ_CHECK(p != MAP_FAILED, "mmap of %zu bytes failed", mapped_);
+    data_ = static_cast<std::byte*>(p);
+    mprotect(data_ + mapped_ - kPage, kPage, PROT_NONE);
+    ASAN_POISON_MEMORY_REGION(data_ + size_, mapped_ - kPage - size_);
+  }
+  ~ZeroedMapping() {
+    ASAN_UNPOISON_MEMORY_REGION(data_ + size_, mapped_ - kPage - size_);
+    munmap(data_, mapped_);
+  }
+  ZeroedMapping(const ZeroedMapping&) = delete;
+  ZeroedMapping& operator=(const ZeroedMapping&) = delete;
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  static constexpr std::size_t kPage = 4096;
+  static std::size_t round_up(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
+  std::size_t size_, mapped_;
+  std::byte* data_ = nullptr;
 };
 
 }  // namespace spindle::fuzz
