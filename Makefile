@@ -92,7 +92,7 @@ bench: build-cpp install-py
 # build/fuzz/artifacts); `make fuzz-smoke` only replays the committed corpus.
 CLANGXX ?= clang++
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz
+FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz slot_layout_fuzz
 FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 FUZZ_CXXFLAGS := -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -Wall -Wextra -Iruntime/include
@@ -106,7 +106,8 @@ build/fuzz/.deps-ok: Makefile
 	mkdir -p build/fuzz && touch $@
 
 # Runtime sources each target compiles in (beyond its own file).
-build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/error.cpp
+build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/slot_layout.cpp runtime/src/error.cpp
+build/fuzz/slot_layout_fuzz: runtime/src/slot_layout.cpp runtime/src/error.cpp
 
 $(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cpp $(FUZZ_HEADERS) build/fuzz/.deps-ok
 	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@

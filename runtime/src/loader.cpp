@@ -172,6 +172,12 @@ void Loader::prepare() {
     SPINDLE_THROW(std::invalid_argument, "spindle: prefetch_factor must be >= 1 (got " +
                                              std::to_string(options.prefetch_factor) + ")");
   check_batches(batches_);
+  // Address space, not memory, but it must fit the 47-bit user address space.
+  constexpr uint64_t kMaxWindow = uint64_t{1} << 40;
+  if (options.max_batch_bytes < 1 || options.max_batch_bytes > kMaxWindow || options.slot_bytes > kMaxWindow)
+    SPINDLE_THROW(std::invalid_argument, "spindle: max_batch_bytes must be in [1, 1 TiB] and slot_bytes at most "
+                                         "1 TiB (got max_batch_bytes=" + std::to_string(options.max_batch_bytes) +
+                                             ", slot_bytes=" + std::to_string(options.slot_bytes) + ")");
 
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;

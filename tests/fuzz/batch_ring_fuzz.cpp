@@ -508,11 +508,17 @@ class Run {
       regions.push_back({"indices", s, b, b + sizeof(int64_t) * g_.batch_capacity, s == 0 ? kCacheLine : 8});
     }
     for (uint32_t s = 0; s < g_.num_slots; ++s) {
+      const uint64_t b = offset_of(ring_.descriptor(s));
+      regions.push_back({"descriptor", s, b, b + spindle::kDescriptorBytes, kCacheLine});
+    }
+    for (uint32_t s = 0; s < g_.num_slots; ++s) {
       const uint64_t b = offset_of(ring_.payload(s));
       regions.push_back({"payload", s, b, b + stride, BatchRing::kPayloadAlign});
+      // Every slot starts with its reserve backed (>= slot_bytes, >= room for a report), within its window.
       SPINDLE_FUZZ_CHECK(ring_.payload_span(s).data() == ring_.payload(s) &&
-                             ring_.payload_span(s).size() == g_.slot_bytes,
-                         "payload_span(%u) is not the first slot_bytes of payload(%u)", s, s);
+                             ring_.payload_span(s).size() == h.slot_reserve && h.slot_reserve >= g_.slot_bytes &&
+                             h.slot_reserve <= stride,
+                         "payload_span(%u) is not the reserved start of payload(%u)", s, s);
     }
     for (const Region& r : regions) {
       SPINDLE_FUZZ_CHECK(r.begin % r.align == 0 && reinterpret_cast<uintptr_t>(base_ + r.begin) % r.align == 0,
