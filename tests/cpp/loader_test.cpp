@@ -358,7 +358,7 @@ TEST(LoaderSupervision, SlowSampleRaisesLoaderTimeoutErrorNamingWorkerAndSample)
   EXPECT_GE(Clock::now() - start, 250ms) << "gave up before the timeout";
   EXPECT_TRUE(contains(message, "DataLoader timed out after 0.3 seconds")) << message;
   EXPECT_TRUE(contains(message, "batch 1")) << message;
-  EXPECT_TRUE(contains(message, "worker 0 (pid " + std::to_string(pids[0]) + ")")) << message;
+  EXPECT_TRUE(contains(message, "worker 0 (pid " + std::to_string(pids[0]) + ", sleeping)")) << message;
   EXPECT_TRUE(contains(message, "sample index " + std::to_string(kSlow))) << message;
   EXPECT_THROW((void)loader.next(), LoaderTimeoutError) << "a timed-out loader stays closed";
   expect_workers_reaped(pids);
