@@ -14,7 +14,7 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl
 JOBS ?= 2
 
-.PHONY: demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean \
+.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean \
 	fuzz-deps fuzz-build fuzz fuzz-smoke
 
 demo: install-py
@@ -135,6 +135,12 @@ fuzz: $(FUZZ_BINS)
 	  fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
+
+# Long, not part of `make test`: back-to-back epochs of every front end with
+# resources sampled once a minute (docs/reliability.md has the figures).
+SOAK_MINUTES ?= 60
+soak: install-py
+	$(PY) bench/python/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf build $(VENV)
