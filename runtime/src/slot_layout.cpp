@@ -76,6 +76,18 @@ SlotLayout::SlotLayout(std::vector<FieldSpec> fields, uint32_t capacity)
   bytes_ = offset;
 }
 
+void SlotLayout::check_view(std::size_t payload_bytes, std::size_t i, std::size_t item) const {
+  if (i >= fields_.size())
+    SPINDLE_THROW(std::invalid_argument, "spindle: the layout has no field " + std::to_string(i));
+  if (itemsize_[i] != item)
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " holds '" + fields_[i].dtype +
+                                             "' items of " + std::to_string(itemsize_[i]) + " bytes, not " +
+                                             std::to_string(item));
+  if (payload_bytes < bytes_)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a payload of " + std::to_string(payload_bytes) +
+                                             " bytes is smaller than its layout (" + std::to_string(bytes_) + ")");
+}
+
 void write_arrays_descriptor(std::byte* desc, const SlotLayout& layout, std::string_view structure) {
   if (structure.size() > SlotLayout::kMaxStructureBytes)
     SPINDLE_THROW(std::invalid_argument, "spindle: the batch's structure description takes " +

@@ -67,11 +67,21 @@ class SlotLayout {
   // Payload bytes a full batch needs.
   uint64_t bytes() const noexcept { return bytes_; }
 
+  // Field i of a payload laid out by this layout, as `capacity()` rows of T
+  // (all of its elements). Throws std::invalid_argument if T's size is not
+  // the field's item size or the payload is too small.
+  template <class T>
+  std::span<T> view(std::span<std::byte> payload, std::size_t i) const {
+    check_view(payload.size(), i, sizeof(T));
+    return {reinterpret_cast<T*>(payload.data() + offsets_[i]), row_bytes_[i] / sizeof(T) * capacity_};
+  }
+
   // Item size of a numpy type string ("<f4" -> 4); throws std::invalid_argument
   // for anything that is not a plain fixed-size numeric/bool type.
   static std::size_t dtype_itemsize(std::string_view dtype);
 
  private:
+  void check_view(std::size_t payload_bytes, std::size_t i, std::size_t item) const;
   std::vector<FieldSpec> fields_;
   std::vector<std::size_t> itemsize_;
   std::vector<uint64_t> row_bytes_, offsets_;

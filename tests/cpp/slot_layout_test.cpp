@@ -1,0 +1,114 @@
+// SlotLayout and slot descriptors: the one owner of the payload format. Field
+// offsets and sizes, dtype validation, the descriptor round trip and its
+// refusal of corrupt input, and typed batches end to end through a Loader
+// whose slots grow as batches do.
+#include <spindle/loader.hpp>
+#include <spindle/slot_layout.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace spindle {
+namespace {
+
+// Proves: blocks are [capacity, *shape] in order, each on a 64-byte line, and bytes() covers them.
+TEST(SlotLayout, BlocksAreOrderedAlignedAndSizedByShapeAndCapacity) {
+  SlotLayout l({{"|u1", {3, 5}}, {"<f8", {}}, {"<i2", {7}}}, 10);
+  EXPECT_EQ(l.offset(0), 0u);
+  EXPECT_EQ(l.row_bytes(0), 15u);
+  EXPECT_EQ(l.offset(1), 192u) << "150 bytes rounded up to the next 64-byte line";
+  EXPECT_EQ(l.row_bytes(1), 8u);
+  EXPECT_EQ(l.offset(2), 192u + 128u);
+  EXPECT_EQ(l.row_bytes(2), 14u);
+  EXPECT_EQ(l.bytes(), 192u + 128u + 192u);
+  for (std::size_t i = 0; i < l.num_fields(); ++i) EXPECT_EQ(l.offset(i) % SlotLayout::kAlign, 0u);
+}
+
+// Proves: only plain numeric/bool numpy type strings are accepted, with an error naming the dtype.
+TEST(SlotLayout, RefusesDtypesThatCannotBeShared) {
+  EXPECT_EQ(SlotLayout::dtype_itemsize("<c16"), 16u);
+  EXPECT_EQ(SlotLayout::dtype_itemsize("|b1"), 1u);
+  for (const char* bad : {"|O8", "<U4", "|S3", "<M8", "f4", "<f", "<f0", "", "|V16"})
+    EXPECT_THROW(SlotLayout::dtype_itemsize(bad), std::invalid_argument) << bad;
+  try {
+    SlotLayout({{"|O8", {}}}, 4);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'|O8'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(SlotLayout({{"<f4", {-1}}}, 4), std::invalid_argument);
+  EXPECT_THROW(SlotLayout({{"<f4", {1 << 30, 1 << 30, 1 << 30}}}, 1 << 20), std::invalid_argument) << "overflow";
+}
+
+// Proves: a written descriptor reads back as the same layout and structure; a corrupt one is refused.
+TEST(SlotDescriptor, RoundTripsAndRefusesCorruptOrOversizedLayouts) {
+  std::vector<std::byte> desc(kDescriptorBytes);
+  SlotLayout l({{"<f4", {3, 8, 8}}, {"<i8", {}}}, 16);
+  write_arrays_descriptor(desc.data(), l, "tree");
+  SlotContents c = read_descriptor(desc.data(), l.bytes());
+  ASSERT_EQ(c.kind, PayloadKind::kArrays);
+  EXPECT_EQ(c.layout.num_fields(), 2u);
+  EXPECT_EQ(c.layout.field(0).shape, (std::vector<int64_t>{3, 8, 8}));
+  EXPECT_EQ(c.structure, "tree");
+  EXPECT_THROW(read_descriptor(desc.data(), l.bytes() - 1), std::runtime_error) << "fields past the slot";
+  auto* rec = reinterpret_cast<FieldRecord*>(desc.data() + sizeof(SlotDescriptor));
+  rec[1].offset += 64;
+  EXPECT_THROW(read_descriptor(desc.data(), 1 << 20), std::runtime_error) << "offsets the consumer did not derive";
+  std::memset(desc.data(), 0, 4);
+  EXPECT_THROW(read_descriptor(desc.data(), 1 << 20), std::runtime_error) << "bad magic";
+  write_bytes_descriptor(desc.data(), 70000);
+  EXPECT_THROW(read_descriptor(desc.data(), 65536), std::runtime_error) << "byte string longer than the slot";
+  EXPECT_THROW(write_arrays_descriptor(desc.data(), l, std::string(SlotLayout::kMaxStructureBytes + 1, 'x')),
+               std::invalid_argument);
+}
+
+// Proves: workers write typed fields whose size changes from batch to batch (growing
+// slots from 64 KiB to several MiB); the consumer reads each batch's own layout, and
+// kept batches keep their values while later ones grow other slots.
+TEST(SlotLayout, TypedBatchesOfGrowingSizeArriveIntactThroughALoader) {
+  LoaderOptions o;
+  o.num_workers = 2;
+  o.batch_capacity = 4;
+  std::vector<std::vector<int64_t>> batches;
+  for (int64_t b = 0; b < 12; ++b) batches.push_back({4 * b, 4 * b + 1, 4 * b + 2, 4 * b + 3});
+  auto body = [](WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      const int64_t width = 1000 * (item->batch_id + 1) * (item->batch_id + 1);  // up to 144,000 floats
+      SlotLayout layout({{"<f4", {width}}, {"<i8", {}}}, 4);
+      std::span<std::byte> out = ctx.begin_arrays(*item, layout, "w=" + std::to_string(width));
+      auto values = layout.view<float>(out, 0);
+      auto ids = layout.view<int64_t>(out, 1);
+      for (std::size_t i = 0; i < item->indices.size(); ++i) {
+        std::fill_n(values.begin() + static_cast<std::ptrdiff_t>(i * width), width,
+                    static_cast<float>(item->indices[i]));
+        ids[i] = item->indices[i];
+      }
+      ctx.commit(*item);
+    }
+    return 0;
+  };
+  Loader loader(o, batches, body);
+  std::vector<Batch> kept;
+  while (auto b = loader.next()) {
+    const int64_t width = 1000 * (b->batch_id() + 1) * (b->batch_id() + 1);
+    ASSERT_EQ(b->kind(), PayloadKind::kArrays);
+    EXPECT_EQ(b->structure(), "w=" + std::to_string(width));
+    EXPECT_EQ(b->layout().field(0).shape, std::vector<int64_t>{width});
+    auto values = b->field<float>(0);
+    ASSERT_EQ(values.size(), static_cast<std::size_t>(4 * width));
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(b->field<int64_t>(1)[i], b->indices()[i]);
+      EXPECT_EQ(values[i * width], static_cast<float>(b->indices()[i]));
+      EXPECT_EQ(values[(i + 1) * width - 1], static_cast<float>(b->indices()[i]));
+    }
+    EXPECT_THROW(b->field<double>(0), std::invalid_argument) << "wrong item size";
+    if (b->batch_id() % 3 == 0) kept.push_back(std::move(*b));
+  }
+  for (const Batch& b : kept)
+    EXPECT_EQ(b.field<float>(0).back(), static_cast<float>(b.indices().back())) << "kept batch " << b.batch_id();
+}
+
+}  // namespace
+}  // namespace spindle
