@@ -443,3 +443,63 @@ TEST(LoaderProcesses, ThreadBudgetErrorComesBeforeAnyFork) {
 
 }  // namespace
 }  // namespace spindle
+
+namespace spindle {
+namespace {
+
+// Proves: close() from another thread while next() waits on a hung sample makes next()
+// return nullopt at once (no crash, no use of a torn-down pool), the workers are reaped,
+// and next() after close is nullopt; also while batches flow. Run under TSan too.
+TEST(LoaderConcurrency, CloseFromAnotherThreadEndsAWaitingNext) {
+  for (int round = 0; round < 5; ++round) {
+    const bool hang = round % 2 == 0;
+    auto body = sample_worker(
+        [hang](int64_t index, std::span<std::byte> out) {
+          if (hang && index == 0) std::this_thread::sleep_for(60s);
+          fill_sample(index, out);
+        },
+        kSampleBytes);
+    Loader loader(options(2, 4), make_batches(4000, 4), body);
+    const std::vector<pid_t> pids = loader.worker_pids();
+    std::thread closer([&] {
+      std::this_thread::sleep_for(hang ? 200ms : 1ms);
+      loader.close();
+    });
+    const auto start = Clock::now();
+    int delivered = 0;
+    while (auto b = loader.next()) ++delivered;
+    const auto waited = Clock::now() - start;
+    closer.join();
+    EXPECT_LT(waited, 2500ms) << "round " << round;
+    if (hang) {
+      EXPECT_LT(delivered, 1000) << "stuck at the batch holding sample 0";
+    }
+    EXPECT_TRUE(loader.closed());
+    EXPECT_FALSE(loader.next().has_value()) << "next() after close";
+    EXPECT_TRUE(loader.worker_pids().empty());
+    expect_workers_reaped(pids);
+  }
+}
+
+// Proves: an exception thrown by next()'s poll hook (the Python layer's KeyboardInterrupt)
+// leaves next() promptly with the loader intact: a later next() delivers the batch.
+TEST(LoaderSupervision, APollHookThatThrowsLeavesTheLoaderUsable) {
+  auto body = sample_worker(
+      [](int64_t index, std::span<std::byte> out) {
+        if (index == 0) std::this_thread::sleep_for(400ms);
+        fill_sample(index, out);
+      },
+      kSampleBytes);
+  const auto batches = std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}};
+  Loader loader(options(1, 2), batches, body);
+  struct Interrupted {};
+  const auto start = Clock::now();
+  EXPECT_THROW(loader.next([] { throw Interrupted{}; }), Interrupted);
+  EXPECT_LT(Clock::now() - start, 300ms) << "the hook runs every supervision period";
+  auto b = loader.next();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_TRUE(batch_is_intact(*b, batches[0]));
+}
+
+}  // namespace
+}  // namespace spindle
