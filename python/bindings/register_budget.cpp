@@ -58,7 +58,7 @@ void register_budget(py::module_& m) {
   m.def("count_process_threads", [](int pid) { return count_process_threads(pid); }, py::arg("pid"),
         "Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.");
   m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },
-        "Extra threads the process's TBB arena may run, as last configured by a loader.");
+        "Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.");
 }
 
 }  // namespace spindle::python

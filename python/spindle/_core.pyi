@@ -228,7 +228,7 @@ class Loader:
         ...
 def arena_extra_threads() -> int:
     """
-    Extra threads the process's TBB arena may run, as last configured by a loader.
+    Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
     """
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """

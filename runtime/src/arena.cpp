@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/global_control.h>
@@ -17,12 +21,22 @@
 namespace spindle {
 namespace {
 
+struct Grant {
+  int extra = 0;
+  int limit = 0;
+};
+
+// Everything below is guarded by `mu`: leases are taken and dropped from any
+// thread (a Loader may be destroyed on another thread than the one iterating
+// a second one), and parallel calls read the size while that happens.
 struct State {
   std::mutex mu;
-  int extra = 0;
-  pid_t owner = 0;
-  std::unique_ptr<tbb::global_control> control;
-  std::shared_ptr<tbb::task_arena> arena;  // shared: a running call keeps its arena
+  pid_t owner = 0;  // the process whose leases `grants` records
+  uint64_t next_id = 1;
+  std::map<uint64_t, Grant> grants;  // live leases by id
+  int extra = 0;                     // capped sum of `grants`
+  std::unique_ptr<tbb::global_control> control;  // present while a lease lives
+  std::shared_ptr<tbb::task_arena> arena;         // shared: a running call keeps its arena
 };
 
 State& state() {
@@ -30,50 +44,138 @@ State& state() {
   return s;
 }
 
+// A fork of the owner inherited its bookkeeping and TBB objects but not the
+// threads behind them. They are the parent's: forgotten here, and leaked on
+// purpose, since destroying them would act on TBB state that describes threads
+// this process does not have.
+void adopt(State& s, pid_t me) {
+  if (s.owner == me) return;
+  if (s.owner != 0) {
+    (void)s.control.release();
+    if (s.arena) new std::shared_ptr<tbb::task_arena>(std::move(s.arena));  // never freed
+    s.grants.clear();
+    s.extra = 0;
+  }
+  s.owner = me;
+}
+
+// Recomputes the size from the live grants; called with `mu` held.
+void resize(State& s) {
+  if (s.grants.empty()) {
+    s.extra = 0;
+    s.control.reset();  // nothing of ours runs: TBB is back to its default
+    s.arena.reset();
+    return;
+  }
+  long long sum = 0;
+  int limit = INT_MAX;
+  for (const auto& [id, g] : s.grants) {
+    sum += g.extra;
+    limit = std::min(limit, g.limit);
+  }
+  const int extra = static_cast<int>(std::clamp<long long>(sum, 0, std::max(0, limit)));
+  if (s.control && extra == s.extra) return;
+  // The new cap exists before the old one goes: TBB applies the smallest
+  // live global_control, so the cap is never lifted in between.
+  auto control = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                       static_cast<std::size_t>(extra) + 1);
+  s.control = std::move(control);
+  s.extra = extra;
+  s.arena.reset();  // rebuilt on the next parallel call with the new size
+}
+
+// The arena to run in now, or nullptr when there are no extra threads (the
+// caller works alone).
 std::shared_ptr<tbb::task_arena> arena_for_this_process() {
   State& s = state();
   std::lock_guard lock(s.mu);
-  if (s.owner != 0 && s.owner != getpid())
+  if (s.extra == 0) return nullptr;
+  if (s.owner != getpid())
     SPINDLE_THROW(std::logic_error,
                   "spindle: the thread arena was used in a forked worker; workers must stay "
                   "single-threaded (this is a bug in spindle or in code calling it from a worker)");
-  if (!s.arena) {
-    s.owner = getpid();
-    s.control = std::make_unique<tbb::global_control>(
-        tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(s.extra + 1));
-    s.arena = std::make_shared<tbb::task_arena>(s.extra + 1, 1);
-  }
+  if (!s.arena) s.arena = std::make_shared<tbb::task_arena>(s.extra + 1, 1);
   return s.arena;
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- leases
+
+ArenaLease::ArenaLease(ArenaLease&& o) noexcept
+    : id_(std::exchange(o.id_, 0)), pid_(o.pid_), extra_(std::exchange(o.extra_, 0)) {}
+
+ArenaLease& ArenaLease::operator=(ArenaLease&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = std::exchange(o.id_, 0);
+    pid_ = o.pid_;
+    extra_ = std::exchange(o.extra_, 0);
+  }
+  return *this;
+}
+
+ArenaLease::~ArenaLease() { reset(); }
+
+void ArenaLease::reset() noexcept {
+  if (id_ != 0) Arena::global().release(*this);
+  id_ = 0;
+  extra_ = 0;
+}
+
+// ---------------------------------------------------------------- arena
 
 Arena& Arena::global() {
   static Arena a;
   return a;
 }
 
-void Arena::configure(int extra_threads) {
+ArenaLease Arena::lease(int extra_threads, int limit) {
   State& s = state();
   std::lock_guard lock(s.mu);
-  if (extra_threads < 0) extra_threads = 0;
-  if (s.arena && extra_threads == s.extra) return;
-  s.extra = extra_threads;
-  // Rebuilt lazily on the next parallel call with the new size.
-  s.arena.reset();
-  s.control.reset();
+  const pid_t me = getpid();
+  adopt(s, me);
+  const int extra = std::max(0, extra_threads);
+  const uint64_t id = s.next_id++;
+  s.grants[id] = Grant{extra, std::max(0, limit)};
+  try {
+    resize(s);
+  } catch (...) {
+    s.grants.erase(id);
+    throw;
+  }
+  return ArenaLease(id, me, extra);
 }
 
-int Arena::extra_threads() const noexcept { return state().extra; }
+void Arena::release(const ArenaLease& lease) noexcept {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (lease.pid_ != getpid() || s.owner != lease.pid_) return;  // a forked copy: not ours to give back
+  if (s.grants.erase(lease.id_) == 0) return;
+  try {
+    resize(s);
+  } catch (...) {
+    // Could not build the smaller cap: the larger one stays, still within
+    // what the remaining leases were granted before.
+  }
+}
+
+int Arena::extra_threads() const noexcept {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.extra;
+}
 
 void Arena::parallel_for(std::size_t n, std::size_t grain,
                          const std::function<void(std::size_t, std::size_t)>& body) {
   if (n == 0) return;
-  if (state().extra == 0 || n <= grain) {  // no extra threads to share with
+  std::shared_ptr<tbb::task_arena> arena;
+  if (n > grain) arena = arena_for_this_process();
+  if (!arena) {  // no extra threads to share with
     body(0, n);
     return;
   }
-  arena_for_this_process()->execute([&] {
+  arena->execute([&] {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
                       [&](const tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); });
   });

@@ -182,7 +182,7 @@ void Loader::prepare() {
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;
   plan_ = ThreadBudget(sources).plan(options.num_workers);
-  Arena::global().configure(plan_.arena_threads);
+  arena_lease_ = Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);

@@ -211,7 +211,8 @@ ThreadPlan ThreadBudget::plan(int num_workers) const {
   int64_t left = b == kUnlimited ? kUnlimited : b - num_workers - kReserve;
   // The calling thread is one of the arena's slots, so cpus-1 extra threads
   // give the arena full use of the CPUs.
-  p.arena_threads = static_cast<int>(std::clamp<int64_t>(left, 0, std::max(0, cpus_ - 1)));
+  p.arena_limit = std::max(0, cpus_ - 1);
+  p.arena_threads = static_cast<int>(std::clamp<int64_t>(left, 0, p.arena_limit));
   return p;
 }
 

@@ -203,7 +203,8 @@ struct PlanCase {
 
 class ThreadPlanArithmetic : public FakeSystem, public ::testing::WithParamInterface<PlanCase> {};
 
-// Proves: arena_threads = clamp(budget - workers - kReserve, 0, cpus - 1).
+// Proves: arena_threads = clamp(budget - workers - kReserve, 0, cpus - 1), and
+// the plan carries cpus - 1 as the limit of the process's whole arena.
 TEST_P(ThreadPlanArithmetic, ArenaGetsBudgetLeftAfterWorkersAndReserve) {
   const PlanCase c = GetParam();
   BudgetSources s = sources(c.budget);
@@ -213,6 +214,7 @@ TEST_P(ThreadPlanArithmetic, ArenaGetsBudgetLeftAfterWorkersAndReserve) {
   EXPECT_EQ(p.num_workers, c.workers);
   EXPECT_EQ(p.budget, c.budget);
   EXPECT_EQ(p.arena_threads, c.arena_threads);
+  EXPECT_EQ(p.arena_limit, c.cpus - 1);
   if (c.budget != kUnlimited) {
     EXPECT_EQ(p.arena_threads,
               std::clamp<int64_t>(c.budget - c.workers - ThreadBudget::kReserve, 0, c.cpus - 1));

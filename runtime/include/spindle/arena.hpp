@@ -4,23 +4,73 @@
 // budget. TBB is hidden behind this interface so that nothing else in the
 // runtime can start a pool of its own.
 //
-// Only the process that configured the arena may use it: forked workers
-// inherit the object but not its threads, so a worker calling in throws.
+// The size comes from leases, not from whichever loader was built last: each
+// live loader holds an ArenaLease for the extra threads its ThreadPlan
+// granted, and the arena runs the sum of the live leases, capped by the
+// smallest limit any of them carries (ThreadPlan::arena_limit, cpus - 1). So
+// a train and an eval loader in one process each keep their share while both
+// live, and dropping a lease gives its share back. The cap itself is the
+// plan's (ThreadBudget's) fact; the arena only sums and applies it.
+//
+// While any lease lives, TBB is capped process-wide at that size plus the
+// calling thread (tbb::global_control), also at 0 extra threads, so no other
+// TBB use in this process exceeds the budget either. With no lease alive the
+// cap is removed and parallel calls run on the calling thread alone.
+//
+// Only the process that took the leases may run parallel work in the arena:
+// forked workers inherit the object but not its threads, so a worker calling
+// in throws. A forked child that takes a lease of its own starts afresh (the
+// inherited leases are its parent's and give nothing back there).
+
+#include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace spindle {
+
+class Arena;
+
+// A share of the arena, held for as long as the threads are needed (a loader
+// holds one for its lifetime). Move-only; the destructor gives the share back.
+class ArenaLease {
+ public:
+  ArenaLease() noexcept = default;  // holds nothing
+  ArenaLease(ArenaLease&& o) noexcept;
+  ArenaLease& operator=(ArenaLease&& o) noexcept;
+  ~ArenaLease();
+  ArenaLease(const ArenaLease&) = delete;
+  ArenaLease& operator=(const ArenaLease&) = delete;
+
+  // Gives the share back now; the lease then holds nothing.
+  void reset() noexcept;
+  bool held() const noexcept { return id_ != 0; }
+  // The extra threads this lease asked for (clamped at 0).
+  int extra_threads() const noexcept { return extra_; }
+
+ private:
+  friend class Arena;
+  ArenaLease(uint64_t id, pid_t pid, int extra) noexcept : id_(id), pid_(pid), extra_(extra) {}
+
+  uint64_t id_ = 0;  // 0: holds nothing
+  pid_t pid_ = 0;    // the process that took it: a forked copy gives nothing back
+  int extra_ = 0;
+};
 
 class Arena {
  public:
   // The process-wide arena.
   static Arena& global();
 
-  // Sets how many extra threads (beyond the calling thread) the arena may run.
-  // Also caps TBB process-wide (global_control), so no other TBB use in this
-  // process exceeds the budget either. Takes effect for the next parallel call.
-  void configure(int extra_threads);
+  // Adds `extra_threads` (beyond the calling thread; negative counts as 0) to
+  // the arena for the lease's lifetime; the arena never runs more than
+  // `limit` extra threads in all, the smallest limit of the live leases
+  // (pass ThreadPlan::arena_limit). Installs the process-wide TBB cap at once.
+  // A running parallel call keeps the arena it started in; the new size takes
+  // effect for the next call.
+  [[nodiscard]] ArenaLease lease(int extra_threads, int limit);
+  // Extra threads the arena runs now: the capped sum of the live leases.
   int extra_threads() const noexcept;
 
   // Splits [0, n) into chunks and runs body(begin, end) across the arena.
@@ -30,7 +80,9 @@ class Arena {
   void parallel_copy(void* dst, const void* src, std::size_t bytes);
 
  private:
+  friend class ArenaLease;
   Arena() = default;
+  void release(const ArenaLease& lease) noexcept;
 };
 
 }  // namespace spindle

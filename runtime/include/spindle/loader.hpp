@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include <spindle/arena.hpp>
 #include <spindle/batch_plan.hpp>
 #include <spindle/batch_ring.hpp>
 #include <spindle/slot_layout.hpp>
@@ -167,6 +168,7 @@ class Loader {
 
   LoaderOptions options_;
   ThreadPlan plan_;
+  ArenaLease arena_lease_;  // plan_.arena_threads, held while the loader lives
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;

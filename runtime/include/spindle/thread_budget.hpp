@@ -34,6 +34,10 @@ inline constexpr int64_t kUnlimited = INT64_MAX;
 struct ThreadPlan {
   int num_workers = 0;     // worker processes, one thread each
   int arena_threads = 0;   // extra TBB threads in the consumer (0: caller only)
+  // The most extra threads the process's one arena may run for all its
+  // loaders together (cpus - 1): the arena sums the live loaders'
+  // arena_threads and caps the sum here (arena.hpp).
+  int arena_limit = 0;
   int64_t budget = 0;      // the budget the plan was cut from
 };
 
