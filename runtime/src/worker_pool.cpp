@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,48 @@
 extern "C" char** environ;
 
 namespace spindle {
+namespace {
+
+#ifndef P_PIDFD
+constexpr idtype_t P_PIDFD = static_cast<idtype_t>(3);  // Linux 5.4; older glibc headers lack it
+#endif
+
+// A descriptor that names child `pid` itself rather than its number, or -1
+// where the kernel offers none: ENOSYS before Linux 5.3, or ENOSYS/EPERM from
+// a seccomp filter that does not know the call. Taken right after the child
+// starts, while only we can reap it, so it cannot name anyone else. It is
+// close-on-exec by default.
+int open_pidfd(pid_t pid) noexcept {
+#ifdef SYS_pidfd_open
+  const long fd = syscall(SYS_pidfd_open, pid, 0);
+  return fd >= 0 ? static_cast<int>(fd) : -1;
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+int pidfd_kill(int pidfd) noexcept {
+#ifdef SYS_pidfd_send_signal
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0));
+#else
+  (void)pidfd;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// waitid's siginfo as the wait status waitpid would have given.
+int wait_status(const siginfo_t& info) noexcept {
+  switch (info.si_code) {
+    case CLD_EXITED: return (info.si_status & 0xff) << 8;
+    case CLD_KILLED: return info.si_status & 0x7f;
+    case CLD_DUMPED: return (info.si_status & 0x7f) | 0x80;  // WCOREFLAG
+    default: return -1;
+  }
+}
+
+}  // namespace
 
 std::string WorkerExit::describe() const {
   if (signaled) {
@@ -37,6 +80,8 @@ WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const F
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);  // consumer died before prctl took effect
+      for (int fd : pidfds_)  // the earlier workers' handles are the consumer's business
+        if (fd >= 0) close(fd);
       if (hooks.after_fork_child) hooks.after_fork_child();
       int rc = 1;
       try {
@@ -53,6 +98,7 @@ WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const F
     if (hooks.after_fork_parent) hooks.after_fork_parent();
     if (pid < 0) {
       shutdown(std::chrono::milliseconds(0));
+      release_handles();
       errno = err;
       SPINDLE_THROW_ERRNO("spindle: could not start worker " + std::to_string(w) + " of " +
                           std::to_string(n) +
@@ -60,18 +106,20 @@ WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const F
                                            "is reached: lower num_workers or raise the limit)"
                                          : ""));
     }
-    pids_.push_back(pid);
-    reaped_.push_back(false);
+    add_child(pid);
   }
 }
 
-WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd) : zygote_(&zygote) {
+WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd)
+    : zygote_(&zygote), zygote_pool_(zygote.open_pool()) {
   for (int w = 0; w < n; ++w) {
     try {
-      pids_.push_back(zygote.spawn(main, w, segment_fd));
+      pids_.push_back(zygote.spawn(zygote_pool_, main, w, segment_fd));
+      pidfds_.push_back(-1);  // not our child: the zygote reaps and kills it
       reaped_.push_back(false);
     } catch (...) {
       shutdown(std::chrono::milliseconds(0));
+      release_handles();
       throw;
     }
   }
@@ -115,29 +163,61 @@ WorkerPool::WorkerPool(int n, const SpawnSpec& spec, int segment_fd) {
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) {
       shutdown(std::chrono::milliseconds(0));
+      release_handles();
       errno = rc;
       SPINDLE_THROW_ERRNO("spindle: could not spawn worker " + std::to_string(w) + " (" + spec.argv[0] + ")");
     }
-    pids_.push_back(pid);
-    reaped_.push_back(false);
+    add_child(pid);
   }
 }
 
-WorkerPool::~WorkerPool() { shutdown(std::chrono::milliseconds(1000)); }
+WorkerPool::~WorkerPool() {
+  shutdown(std::chrono::milliseconds(1000));
+  release_handles();
+}
+
+void WorkerPool::add_child(pid_t pid) {
+  pids_.push_back(pid);
+  reaped_.push_back(false);
+  pidfds_.push_back(open_pidfd(pid));
+}
+
+void WorkerPool::release_handles() noexcept {
+  for (int& fd : pidfds_) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  if (zygote_ && zygote_pool_ != 0) zygote_->close_pool(zygote_pool_);
+  zygote_pool_ = 0;
+}
 
 std::optional<int> WorkerPool::try_reap(std::size_t w) {
   const pid_t pid = pids_[w];
   if (zygote_) {
-    while (auto e = zygote_->next_exit(std::chrono::milliseconds(0))) reported_[e->first] = e->second;
+    while (auto e = zygote_->next_exit(zygote_pool_)) reported_[e->first] = e->second;
     if (auto it = reported_.find(pid); it != reported_.end()) {
       int status = it->second;
       reported_.erase(it);
       return status;
     }
-    if (kill(pid, 0) != 0 && errno == ESRCH) return -1;  // gone and reaped elsewhere (zygote died)
+    // A dead zygote reports nothing more; its workers died with it.
+    if (!zygote_->alive()) return -1;
     return std::nullopt;
   }
   int status = 0;
+  if (int& fd = pidfds_[w]; fd >= 0) {
+    siginfo_t info{};
+    if (waitid(P_PIDFD, static_cast<id_t>(fd), &info, WEXITED | WNOHANG) == 0) {
+      if (info.si_pid == 0) return std::nullopt;  // still running
+      return wait_status(info);
+    }
+    if (errno == EINTR) return std::nullopt;
+    if (errno == ECHILD) return -1;  // reaped by other code in this process; status unknown
+    // EINVAL: a kernel with pidfd_open but without waitid(P_PIDFD) (5.3): use
+    // the pid from now on, the child is still unreaped so it is still ours.
+    close(fd);
+    fd = -1;
+  }
   pid_t r = waitpid(pid, &status, WNOHANG);
   if (r == pid) return status;
   if (r < 0 && errno == ECHILD) return -1;
@@ -178,20 +258,39 @@ void WorkerPool::shutdown(std::chrono::milliseconds grace) noexcept {
     }
   };
   if (reap_all(std::chrono::steady_clock::now() + grace)) return;
-  for (std::size_t w = 0; w < pids_.size(); ++w)
-    if (!reaped_[w]) kill(pids_[w], SIGKILL);
-  if (!zygote_) {
-    for (std::size_t w = 0; w < pids_.size(); ++w) {
-      if (reaped_[w]) continue;
-      int status = 0;
-      while (waitpid(pids_[w], &status, 0) < 0 && errno == EINTR) {
-      }
-      reaped_[w] = true;
+  if (zygote_) {
+    // The zygote reaps them, so only it can tell a live worker from a pid
+    // already handed to someone else: it kills those it has not reaped, and
+    // reports them within its poll period.
+    try {
+      zygote_->kill_pool(zygote_pool_);
+    } catch (...) {
+      // The zygote is gone, and its workers with it; try_reap says so.
     }
+    reap_all(std::chrono::steady_clock::now() + std::chrono::seconds(2));
     return;
   }
-  // The zygote reaps them; its reports arrive within its poll period.
-  reap_all(std::chrono::steady_clock::now() + std::chrono::seconds(2));
+  for (std::size_t w = 0; w < pids_.size(); ++w) {
+    if (reaped_[w]) continue;
+    int status = 0;
+    if (int fd = pidfds_[w]; fd >= 0) {
+      // Through the pidfd: if the worker was reaped elsewhere meanwhile, the
+      // kernel answers ESRCH/ECHILD and nobody else is signaled.
+      if (pidfd_kill(fd) == 0 || errno == ESRCH) {
+        siginfo_t info{};
+        while (waitid(P_PIDFD, static_cast<id_t>(fd), &info, WEXITED) < 0 && errno == EINTR) {
+        }
+        reaped_[w] = true;
+        continue;
+      }
+      // ENOSYS/EPERM (no pidfd_send_signal) or EINVAL: the pid below. The
+      // worker is unreaped (try_reap just said so), so its pid is still its own.
+    }
+    kill(pids_[w], SIGKILL);
+    while (waitpid(pids_[w], &status, 0) < 0 && errno == EINTR) {
+    }
+    reaped_[w] = true;
+  }
 }
 
 }  // namespace spindle

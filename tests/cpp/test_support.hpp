@@ -4,8 +4,10 @@
 // the runtime; nothing here is used by it.
 
 #include <dirent.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,9 +15,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -153,6 +157,75 @@ inline int wait_child(pid_t pid, std::chrono::milliseconds timeout) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Runs `body` as pid 1 of a new pid namespace (with its own /proc), where
+// nothing but the body allocates pids, so a pid can be handed out again on
+// purpose (fork_sleeper_with_pid). `body` returns "" on success, else what
+// went wrong. nullopt: this process may not create namespaces (it needs
+// CAP_SYS_ADMIN); the caller skips.
+inline std::optional<std::string> run_in_pid_namespace(const std::function<std::string()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  constexpr int kNoNamespace = 77;
+  const pid_t helper = fork();
+  if (helper < 0) throw std::runtime_error("fork failed");
+  if (helper == 0) {
+    close(fds[0]);
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) _exit(kNoNamespace);
+    const pid_t init = fork();  // pid 1 of the new namespace
+    if (init == 0) {
+      std::string result;
+      // A private /proc, so /proc/<pid> and /proc/self name our namespace's pids.
+      if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+        result = std::string("cannot mount /proc in the namespace: ") + std::strerror(errno);
+      } else {
+        try {
+          result = body();
+        } catch (const std::exception& e) {
+          result = std::string("threw: ") + e.what();
+        }
+      }
+      (void)!write(fds[1], result.data(), result.size());
+      _exit(0);
+    }
+    int status = 0;
+    while (waitpid(init, &status, 0) < 0 && errno == EINTR) {
+    }
+    _exit(init > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(helper, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kNoNamespace) return std::nullopt;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return out + " (the namespace's init died)";
+  return out;
+}
+
+// Inside run_in_pid_namespace: forks a child that sleeps until killed and
+// gets pid `pid` (free again after its process was reaped), via ns_last_pid.
+// Returns the child's pid, which differs from `pid` only if that failed.
+inline pid_t fork_sleeper_with_pid(pid_t pid) {
+  {
+    std::ofstream last("/proc/sys/kernel/ns_last_pid");
+    last << (pid - 1);
+  }
+  const pid_t child = fork();
+  if (child < 0) throw std::runtime_error("fork failed");
+  if (child == 0) {
+    for (;;) pause();
+  }
+  return child;
 }
 
 }  // namespace spindle::testing

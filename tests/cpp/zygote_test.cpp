@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -35,6 +36,12 @@ void locked_sample(int64_t index, std::span<std::byte> out) {
 void crashing_sample(int64_t index, std::span<std::byte> out) {
   if (index == 42) std::raise(SIGKILL);
   std::memset(out.data(), 0, out.size());
+}
+
+// A sample that takes a moment, so the consumer waits (and supervises) often.
+void slow_sample(int64_t index, std::span<std::byte> out) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::memset(out.data(), static_cast<int>(index % 251), out.size());
 }
 
 std::unique_ptr<spindle::Zygote> g_zygote;
@@ -112,6 +119,42 @@ TEST(Zygote, DeathOfAZygoteWorkerIsReported) {
   }
 }
 
+// Proves: two loaders on one zygote each get their own workers' exits: after
+// kill -9 of a worker of loader A, A reports that worker's signal 9 while B,
+// which polled the zygote in the meantime, delivers every batch untroubled.
+TEST(Zygote, TwoLoadersOnOneZygoteEachGetTheirOwnWorkersExits) {
+  spindle::Loader a(options(), batches(3200, 16), *g_zygote, "slow");
+  spindle::Loader b(options(), batches(640, 16), *g_zygote, "slow");
+  ASSERT_TRUE(a.next().has_value());
+  const pid_t victim = a.worker_pids().at(0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  // The zygote has reaped it (and sent its report) before B polls.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!(kill(victim, 0) != 0 && errno == ESRCH) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  int64_t seen = 0;
+  while (auto batch = b.next()) {
+    for (std::size_t i = 0; i < batch->indices().size(); ++i)
+      ASSERT_EQ(batch->data()[i * kSampleBytes], static_cast<std::byte>(batch->indices()[i] % 251));
+    seen += static_cast<int64_t>(batch->indices().size());
+  }
+  EXPECT_EQ(seen, 640);
+
+  std::string message;
+  try {
+    while (a.next()) {
+    }
+    FAIL() << "expected WorkerDiedError from loader A";
+  } catch (const spindle::WorkerDiedError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("pid " + std::to_string(victim) + ") was killed by signal 9"), std::string::npos)
+      << message;
+  a.close();
+  b.close();
+}
+
 // Proves: an unknown worker main is refused with its name.
 TEST(Zygote, UnknownMainIsRefusedByName) {
   try {
@@ -134,6 +177,7 @@ int main(int argc, char** argv) {
   g_zygote = std::make_unique<spindle::Zygote>(std::map<std::string, spindle::WorkerMain>{
       {"locked", spindle::sample_worker(locked_sample, kSampleBytes)},
       {"crashing", spindle::sample_worker(crashing_sample, kSampleBytes)},
+      {"slow", spindle::sample_worker(slow_sample, kSampleBytes)},
   });
   testing::InitGoogleTest(&argc, argv);
   int rc = RUN_ALL_TESTS();

@@ -10,10 +10,21 @@
 // worker outlives its consumer. ForkHooks let an embedding runtime keep its
 // own state sane across fork; the Python bindings pass the interpreter's
 // protocol (PyOS_BeforeFork / PyOS_AfterFork_Parent / PyOS_AfterFork_Child).
+//
+// No signal may reach a pid that was reaped and handed to another process.
+// Forked and spawned workers are held by pidfd (pidfd_open, Linux >= 5.3):
+// waits and kills go through the descriptor, which names the process itself,
+// so a worker that other code in the process reaped (a stray waitpid(-1),
+// SIGCHLD ignored) answers ESRCH/ECHILD instead of its pid's next owner
+// receiving SIGKILL. Where pidfd_open fails (ENOSYS on older kernels, or a
+// seccomp filter refusing it) the pool falls back to the pid, which is safe as
+// long as only spindle reaps its own children. Zygote workers are killed by
+// the zygote, the process that reaps them (zygote.hpp).
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -77,10 +88,16 @@ class WorkerPool {
  private:
   // The wait status of worker w if it has exited (-1: exited, status unknown).
   std::optional<int> try_reap(std::size_t w);
+  // Records a started child, with a pidfd for it if the kernel gives one.
+  void add_child(pid_t pid);
+  // Closes the pidfds and gives the zygote pool back (after shutdown).
+  void release_handles() noexcept;
 
   std::vector<pid_t> pids_;
+  std::vector<int> pidfds_;           // per worker; -1: none (zygote worker, or no pidfd support)
   std::vector<bool> reaped_;
   Zygote* zygote_ = nullptr;          // set when the zygote forked the workers
+  uint32_t zygote_pool_ = 0;          // our pool id on the zygote
   std::map<pid_t, int> reported_;     // exits the zygote reported, not yet matched
 };
 
