@@ -1,0 +1,244 @@
+"""Which runtime each thread of a process belongs to, read from /proc.
+
+Used by ``spindle doctor`` (any process of this uid) and by
+``spindle.limit_threads`` (this process, to count the threads of runtimes
+already running).
+
+A thread is attributed in this order:
+
+1. its name (``/proc/<pid>/task/<tid>/comm``), when the runtime names its
+   threads: TensorFlow's and XLA's ``tf_*`` pools, torch's ``pt_*``, grain's
+   and spindle's own;
+2. otherwise (most pools are unnamed, and keep the process's name, ``python``)
+   the library that started it: the outermost frame of its stack that lies in
+   a shared library other than libc/libstdc++. The stack is read from
+   ``/proc/<pid>/mem`` between the stack pointer of the thread's blocking
+   system call (``/proc/<pid>/task/<tid>/syscall``) and the top of its stack
+   mapping; a pool thread sleeps in a system call almost always. The top of a
+   thread's stack holds its start frame (and glibc's ``struct pthread`` with
+   the start routine), so the outermost library is the one whose code started
+   the thread: OpenBLAS's ``blas_thread_server``, libgomp's
+   ``gomp_thread_start``, XLA's ``tsl::PThread::ThreadFn`` in jaxlib,
+   CPython's ``thread_run`` for every ``threading.Thread``. Reading another
+   process's memory needs ptrace access (same uid and Yama's ptrace_scope 0,
+   or root); without it, or for a thread that is running, the thread is
+   reported as unattributed, with the runtimes whose libraries the process
+   has mapped as candidates.
+
+Measured on this tree's venv (2 CPUs): numpy's OpenBLAS pool threads resolve
+to ``libscipy_openblas64_*.so``, torch's OpenMP intra-op threads to
+``libgomp``, JAX's 14 pool threads to ``libjax_common.so`` (two of them named
+``tf_XLAEigen``), grain's 12 read threads to the python binary.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import re
+
+# Libraries that run every thread's first and last frames; never the answer.
+_SYSTEM_LIBS = re.compile(r"^(libc|libpthread|ld-linux|libstdc\+\+|libgcc_s|libm|libdl|librt)[.-]")
+
+# (runtime, pattern on a mapped library's file name). First match wins.
+_LIBRARY_RUNTIMES: list[tuple[str, re.Pattern[str]]] = [
+    ("OpenBLAS", re.compile(r"openblas", re.I)),
+    ("OpenMP", re.compile(r"^(libgomp|libiomp5|libomp)[.-]")),
+    ("MKL", re.compile(r"^libmkl_")),
+    ("BLIS", re.compile(r"^libblis")),
+    ("JAX/XLA", re.compile(r"^(libjax_common|_jax|_xla|xla_extension)[.-]|pjrt", re.I)),
+    ("TensorFlow", re.compile(r"tensorflow|^_pywrap_tf", re.I)),
+    ("torch", re.compile(r"^(libtorch|libc10|libshm|_C\.cpython)")),
+    ("TBB", re.compile(r"^libtbb")),
+    ("spindle", re.compile(r"^_core\.cpython")),
+    ("Python threads", re.compile(r"^(python\d|libpython\d)")),
+]
+
+# (runtime, pattern on a thread name). Thread names are cut to 15 characters,
+# and a runtime's longer names are refused by the kernel (the thread then
+# keeps the process's name): XLA's pools named tf_XLAPjRtCpuClient and
+# tf_PjRtCompilerThreadPool come out unnamed.
+_NAME_RUNTIMES: list[tuple[str, re.Pattern[str]]] = [
+    ("XLA", re.compile(r"^tf_XLA|^XLA|^pjrt", re.I)),
+    ("TensorFlow", re.compile(r"^tf_")),
+    ("torch", re.compile(r"^pt_")),
+    ("OpenMP", re.compile(r"^(omp_|gomp)")),
+    ("grain", re.compile(r"^grain")),
+    ("spindle", re.compile(r"^spindle")),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadInfo:
+    """One thread of a process and the runtime it was attributed to."""
+
+    tid: int
+    name: str
+    runtime: str  # "main thread", a runtime, "other" (a name we do not know), or "unattributed"
+    how: str  # "name", "stack", "main", or why it could not be attributed
+
+
+@dataclasses.dataclass
+class _Mapping:
+    lo: int
+    hi: int
+    path: str
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def mapped_libraries(pid: int) -> list[str] | None:
+    """File names of the shared objects and executables mapped by `pid` (None: unreadable)."""
+    text = _read(f"/proc/{pid}/maps")
+    if text is None:
+        return None
+    names = set()
+    for line in text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            names.add(os.path.basename(parts[5]))
+    return sorted(names)
+
+
+def name_prefix(name: str) -> str:
+    """A thread name without its pool index: pt_autograd_0 -> pt_autograd."""
+    return re.sub(r"[-_ #]?\d+$", "", name) or name
+
+
+def runtimes_of_libraries(libraries: list[str]) -> list[str]:
+    """The runtimes whose libraries are in `libraries`, in table order."""
+    found = []
+    for runtime, pattern in _LIBRARY_RUNTIMES:
+        if runtime != "Python threads" and any(pattern.search(lib) for lib in libraries):
+            found.append(runtime)
+    return found
+
+
+def _library_runtime(lib: str) -> str | None:
+    for runtime, pattern in _LIBRARY_RUNTIMES:
+        if pattern.search(lib):
+            return runtime
+    return None
+
+
+def _name_runtime(name: str) -> str | None:
+    for runtime, pattern in _NAME_RUNTIMES:
+        if pattern.search(name):
+            return runtime
+    return None
+
+
+class _StackReader:
+    """Reads thread stacks of one process; one open of /proc/<pid>/mem."""
+
+    _MAX_STACK = 512 * 1024  # the outermost frames are at the top; more is never needed
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.error: str | None = None
+        self._mem = None
+        self._exec: list[_Mapping] = []
+        self._all: list[_Mapping] = []
+        text = _read(f"/proc/{pid}/maps")
+        if text is None:
+            self.error = "its /proc/<pid>/maps is unreadable"
+            return
+        for line in text.splitlines():
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5] if len(parts) == 6 else ""
+            m = _Mapping(lo, hi, path)
+            self._all.append(m)
+            if "x" in parts[1] and path.startswith("/"):
+                self._exec.append(_Mapping(lo, hi, os.path.basename(path)))
+        self._exec.sort(key=lambda m: m.lo)
+        self._starts = [m.lo for m in self._exec]
+        try:
+            self._mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+        except OSError as e:
+            self.error = f"no ptrace access to read its stacks ({e.strerror})"
+
+    def close(self) -> None:
+        if self._mem is not None:
+            self._mem.close()
+
+    def _library_at(self, address: int) -> str | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0 and address < self._exec[i].hi:
+            return self._exec[i].path
+        return None
+
+    def outermost_library(self, tid: int) -> tuple[str | None, str]:
+        """(the outermost non-system library on the thread's stack, or None; why not)."""
+        if self._mem is None:
+            return None, self.error or "stack unreadable"
+        syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
+        if syscall is None:
+            return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
+        fields = syscall.split()
+        if len(fields) < 3:  # "running": no saved stack pointer to start from
+            return None, "it was running when looked at"
+        sp = int(fields[-2], 16)
+        top = next((m.hi for m in self._all if m.lo <= sp < m.hi), None)
+        if top is None:
+            return None, "its stack pointer is in no mapping"
+        start = max(sp, top - self._MAX_STACK)
+        try:
+            self._mem.seek(start)
+            data = self._mem.read(top - start)
+        except OSError as e:
+            return None, f"its stack is unreadable ({e.strerror})"
+        outermost = None
+        for word in memoryview(data).cast("Q") if len(data) % 8 == 0 else ():
+            lib = self._library_at(word)
+            if lib is not None and not _SYSTEM_LIBS.match(lib):
+                outermost = lib
+        return outermost, "" if outermost else "no library frame on its stack"
+
+
+def process_threads(pid: int) -> list[ThreadInfo]:
+    """Every thread of `pid` with its runtime (empty if the process is gone)."""
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+    reader: _StackReader | None = None
+    out = []
+    main_name = (_read(f"/proc/{pid}/comm") or "").strip()
+    try:
+        for tid in tids:
+            name = (_read(f"/proc/{pid}/task/{tid}/comm") or "").strip()
+            if tid == pid:
+                out.append(ThreadInfo(tid, name, "main thread", "main"))
+                continue
+            runtime = _name_runtime(name)
+            if runtime is not None:
+                out.append(ThreadInfo(tid, name, runtime, "name"))
+                continue
+            if reader is None:
+                reader = _StackReader(pid)
+            lib, why = reader.outermost_library(tid)
+            runtime = _library_runtime(lib) if lib else None
+            if runtime is not None:
+                out.append(ThreadInfo(tid, name, runtime, "stack"))
+            elif name != main_name:
+                # Named by code we do not know: its name is the best account of it.
+                out.append(ThreadInfo(tid, name, "other", "name"))
+            else:
+                out.append(ThreadInfo(tid, name, "unattributed", why or f"started by {lib}"))
+    finally:
+        if reader is not None:
+            reader.close()
+    if any(t.runtime == "XLA" for t in out):
+        # tf_XLA* pools belong to whichever of JAX and TensorFlow loaded XLA.
+        owners = runtimes_of_libraries(mapped_libraries(pid) or [])
+        xla = "JAX/XLA" if "JAX/XLA" in owners else "TensorFlow" if "TensorFlow" in owners else "XLA"
+        out = [dataclasses.replace(t, runtime=xla) if t.runtime == "XLA" else t for t in out]
+    return out

@@ -1,0 +1,257 @@
+"""``spindle doctor``: the task limits of this node and who uses them.
+
+``collect()`` gathers, from /proc and the cgroup tree, the limits that make
+``fork``/``pthread_create`` fail with EAGAIN (``ulimit -u``, pids.max of every
+cgroup level, kernel.threads-max, kernel.pid_max), the tasks of the uid, and
+per process its threads grouped by runtime (``spindle._threads``) with advice
+on the option or variable that removes each pool. ``format_text()`` renders it
+for a terminal; ``spindle doctor --json`` prints ``collect()`` as is.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import resource
+from typing import Any
+
+from ._core import ThreadBudget
+from ._threads import mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
+
+# What removes or shrinks each pool. One sentence each, the variable first.
+ADVICE: dict[str, str] = {
+    "OpenBLAS": "set OPENBLAS_NUM_THREADS=n before numpy is imported (its pool starts at import and never "
+                "shrinks), or call spindle.limit_threads(n) before importing numpy",
+    "OpenMP": "set OMP_NUM_THREADS=n before the library loads (torch: torch.set_num_threads(n) at any time), "
+              "or spindle.limit_threads(n)",
+    "MKL": "set MKL_NUM_THREADS=n before MKL loads, or spindle.limit_threads(n)",
+    "BLIS": "set BLIS_NUM_THREADS=n before BLIS loads, or spindle.limit_threads(n)",
+    "JAX/XLA": "set PJRT_NPROC=n before JAX's first computation (sizes its XLAPjRtCpuClient and XLAEigen pools "
+               "to n each; about 10 other XLA threads have no knob in jaxlib 0.10), or spindle.limit_threads(n) "
+               "before the first computation",
+    "TensorFlow": "set TF_NUM_INTEROP_THREADS=n and TF_NUM_INTRAOP_THREADS=n before TensorFlow starts, or "
+                  "tf.config.threading.set_inter_op_parallelism_threads(n) / set_intra_op_parallelism_threads(n) "
+                  "before the first op; tf.data: options.threading.private_threadpool_size; or "
+                  "spindle.limit_threads(n)",
+    "torch": "torch.set_num_interop_threads(n) before the first inter-op use; pt_autograd_* threads are one "
+             "per device type used by backward",
+    "TBB": "TBB pools are capped only by tbb::global_control in the code that uses TBB; spindle's own arena "
+           "is sized by its ThreadBudget (DataLoader max_threads)",
+    "spindle": "spindle's threads are budgeted: lower num_workers or max_threads",
+    "Python threads": "threading.Thread and executors: grain's read threads (ReadOptions(num_threads=n); "
+                      "spindle.limit_threads(n) lowers the default), concurrent.futures max_workers, user code",
+    "grain": "grain.ReadOptions(num_threads=n), or spindle.limit_threads(n) before the ReadOptions are made",
+}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _number(text: str | None) -> int | None:
+    """An integer, or None for "max"/"unlimited"/unreadable."""
+    if text is None:
+        return None
+    word = text.split()[0] if text.split() else ""
+    return int(word) if word.isdigit() else None
+
+
+def _status(pid: int) -> dict[str, str]:
+    text = _read(f"/proc/{pid}/status") or ""
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _nproc_limits(pid: int | None) -> tuple[int | None, int | None]:
+    """RLIMIT_NPROC (soft, hard) of `pid` (None: this process); None = unlimited."""
+    if pid is None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        return (None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard)
+    for line in (_read(f"/proc/{pid}/limits") or "").splitlines():
+        if line.startswith("Max processes"):
+            soft, hard = line[len("Max processes"):].split()[:2]
+            return (_number(soft), _number(hard))
+    return (None, None)
+
+
+def cgroup_pids_levels(pid: int | None = None, cgroup_root: str = "/sys/fs/cgroup") -> list[dict[str, Any]]:
+    """pids.max and pids.current of every level from the process's cgroup up to
+    the root (v2, or the v1 pids hierarchy); levels without the files are left out.
+    The same walk as ThreadBudget's, which reports only the binding level."""
+    text = _read(f"/proc/{'self' if pid is None else pid}/cgroup") or ""
+    base = rel = None
+    for line in text.splitlines():
+        hier, controllers, path = line.split(":", 2)
+        if hier == "0" and controllers == "" and base is None:
+            base, rel = cgroup_root, path
+        elif "pids" in controllers.split(","):
+            base, rel = f"{cgroup_root}/pids", path  # v1 wins, as in ThreadBudget
+    if base is None:
+        return []
+    levels = []
+    p = rel or "/"
+    while True:
+        directory = base + ("" if p == "/" else p)
+        current = _number(_read(f"{directory}/pids.current"))
+        limit_text = _read(f"{directory}/pids.max")
+        if current is not None and limit_text is not None:
+            levels.append({"path": directory, "max": _number(limit_text), "current": current})
+        if p in ("", "/"):
+            break
+        p = p.rsplit("/", 1)[0] or "/"
+    return levels
+
+
+def _processes(uid: int) -> tuple[list[int], int]:
+    """(pids of user processes of real uid `uid`, tasks of all processes on the node)."""
+    mine, node_tasks = [], 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        status = _status(int(entry))
+        if not status:
+            continue
+        node_tasks += int(status.get("Threads", "0") or 0)
+        if int(status.get("Uid", "-1").split()[0]) == uid and _read(f"/proc/{entry}/cmdline"):
+            mine.append(int(entry))  # an empty cmdline is a kernel thread
+    return sorted(mine), node_tasks
+
+
+def describe_process(pid: int) -> dict[str, Any] | None:
+    """One process: its threads grouped by runtime and name prefix, with advice per pool."""
+    status = _status(pid)
+    if not status:
+        return None
+    threads = process_threads(pid)
+    libraries = mapped_libraries(pid) or []
+    loaded = runtimes_of_libraries(libraries)
+    groups: dict[str, dict[str, Any]] = {}
+    for t in threads:
+        g = groups.setdefault(t.runtime, {"runtime": t.runtime, "count": 0, "names": collections.Counter(),
+                                          "attributed_by": set()})
+        g["count"] += 1
+        g["names"][name_prefix(t.name)] += 1
+        g["attributed_by"].add(t.how)
+    out_groups = []
+    for g in sorted(groups.values(), key=lambda g: (g["runtime"] == "main thread", -g["count"])):
+        entry = {"runtime": g["runtime"], "count": g["count"], "names": dict(g["names"].most_common()),
+                 "attributed_by": sorted(g["attributed_by"])}
+        if g["runtime"] in ADVICE:
+            entry["advice"] = ADVICE[g["runtime"]]
+        if g["runtime"] == "unattributed":
+            entry["candidates"] = loaded
+        out_groups.append(entry)
+    cmdline = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+    parent = int(status.get("PPid", "0") or 0)
+    return {
+        "pid": pid,
+        "ppid": parent,
+        "name": status.get("Name", "").strip(),
+        "cmdline": cmdline,
+        "threads": len(threads),
+        # A worker is a fork of a consumer: both map spindle's extension.
+        "spindle_worker": "spindle" in loaded and "spindle" in runtimes_of_libraries(mapped_libraries(parent) or []),
+        "runtimes_loaded": loaded,
+        "groups": out_groups,
+    }
+
+
+def collect(pid: int | None = None) -> dict[str, Any]:
+    """Limits, use and headroom for the uid of `pid` (default: this process's
+    uid), and every process of that uid (or just `pid`) with its thread pools."""
+    if pid is not None and not os.path.isdir(f"/proc/{pid}"):
+        raise ProcessLookupError(f"spindle doctor: no process {pid} (looked for /proc/{pid})")
+    uid = os.getuid() if pid is None else int(_status(pid).get("Uid", "0").split()[0])
+    soft, hard = _nproc_limits(pid)
+    budget = ThreadBudget(uid=uid, nproc_limit=soft)  # counts the uid's tasks as the loaders do
+    levels = cgroup_pids_levels(pid)
+    threads_max = _number(_read("/proc/sys/kernel/threads-max"))
+    pid_max = _number(_read("/proc/sys/kernel/pid_max"))
+    pids, node_tasks = _processes(uid)
+    if pid is not None:
+        pids = [pid]
+
+    headroom: dict[str, int | None] = {
+        # None: unlimited, or root (exempt). Not budget.nproc_headroom: for --pid the
+        # limit is the target's, and an unlimited one would make ThreadBudget read ours.
+        "nproc": None if soft is None or budget.nproc_exempt else max(0, soft - budget.uid_tasks),
+        "cgroup": min((lv["max"] - lv["current"] for lv in levels if lv["max"] is not None), default=None),
+        "threads_max": None if threads_max is None else threads_max - node_tasks,
+        "pid_max": None if pid_max is None else pid_max - node_tasks,
+    }
+    bounded = {k: v for k, v in headroom.items() if v is not None}
+    binding = min(bounded, key=bounded.get) if bounded else None
+
+    processes = [p for p in (describe_process(p) for p in pids) if p is not None]
+    processes.sort(key=lambda p: -p["threads"])
+    return {
+        "limits": {
+            "nproc_soft": soft,
+            "nproc_hard": hard,
+            "nproc_exempt": budget.nproc_exempt,
+            "cgroup_pids": levels,
+            "threads_max": threads_max,
+            "pid_max": pid_max,
+        },
+        "use": {"uid": uid, "uid_tasks": budget.uid_tasks, "node_tasks": node_tasks},
+        "headroom": {**headroom, "min": bounded.get(binding) if binding else None, "binding": binding},
+        "processes": processes,
+    }
+
+
+def _fmt(v: int | None, none: str = "unlimited") -> str:
+    return none if v is None else str(v)
+
+
+def format_text(report: dict[str, Any], *, max_processes: int = 20) -> str:
+    """The report for a terminal: limits, use, headroom, then processes by thread count."""
+    lim, use, room = report["limits"], report["use"], report["headroom"]
+    lines = ["Limits (fork and pthread_create fail with EAGAIN at the first one reached)"]
+    exempt = "  (root: exempt)" if lim["nproc_exempt"] else ""
+    lines.append(f"  ulimit -u (RLIMIT_NPROC)  soft {_fmt(lim['nproc_soft'])}, hard {_fmt(lim['nproc_hard'])}{exempt}")
+    if lim["cgroup_pids"]:
+        for lv in lim["cgroup_pids"]:
+            lines.append(f"  cgroup pids.max           {_fmt(lv['max']):>9}  current {lv['current']:>6}  {lv['path']}")
+    else:
+        lines.append("  cgroup pids.max           no level sets one")
+    lines.append(f"  kernel.threads-max        {_fmt(lim['threads_max'])}")
+    lines.append(f"  kernel.pid_max            {_fmt(lim['pid_max'])}")
+    lines.append("Use")
+    lines.append(f"  tasks of uid {use['uid']}           {use['uid_tasks']}")
+    lines.append(f"  tasks on the node         {use['node_tasks']}")
+    lines.append("Headroom (tasks that can still start)")
+    for key, label in (("nproc", "ulimit -u"), ("cgroup", "cgroup"), ("threads_max", "threads-max"),
+                       ("pid_max", "pid_max")):
+        v = room[key]
+        note = ("exempt (root)" if key == "nproc" and lim["nproc_exempt"] else "unlimited") if v is None else str(v)
+        mark = "   <- binding" if room["binding"] == key else ""
+        lines.append(f"  {label:<25} {note}{mark}")
+    procs = report["processes"]
+    single = [p for p in procs if p["threads"] == 1]
+    shown = [p for p in procs if p["threads"] > 1][:max_processes]
+    lines.append(f"Processes of uid {use['uid']} ({len(procs)}; threads grouped by runtime, then name prefix)")
+    advice: dict[str, str] = {}
+    for p in shown:
+        cmd = p["cmdline"] if len(p["cmdline"]) <= 60 else p["cmdline"][:57] + "..."
+        worker = "  [spindle worker]" if p["spindle_worker"] else ""
+        lines.append(f"  {p['pid']:>7}  {p['threads']:>4} threads  {cmd}{worker}")
+        for g in p["groups"]:
+            names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in g["names"].items())
+            extra = ""
+            if g["runtime"] == "unattributed":
+                extra = f"  (libraries mapped: {', '.join(g['candidates']) or 'none known'}; {', '.join(g['attributed_by'])})"
+            lines.append(f"           {g['count']:>4}  {g['runtime']:<16} {names}{extra}")
+            if "advice" in g and g["runtime"] not in advice:
+                advice[g["runtime"]] = g["advice"]
+    if len(shown) < len(procs):
+        rest = [p for p in procs if p not in shown]
+        lines.append(f"  ... {len(rest)} more processes, {sum(p['threads'] for p in rest)} threads "
+                     f"({len(single)} of them single-threaded; --json lists all)")
+    if advice:
+        lines.append("Advice (per pool found above)")
+        for runtime, text in advice.items():
+            lines.append(f"  {runtime}: {text}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,111 @@
+"""spindle doctor: its report agrees with /proc on a process started with known threads."""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+CPUS = len(os.sched_getaffinity(0))
+
+# A child with known threads: 3 named probe_0..2 at the OS level (prctl
+# PR_SET_NAME, as native pools name theirs), 2 plain Python threads, and
+# numpy's OpenBLAS pool (CPUS - 1 threads, its default).
+CHILD = textwrap.dedent("""
+    import ctypes, sys, threading, time
+    import numpy as np
+    np.ones((300, 300)) @ np.ones((300, 300))
+    def named(i):
+        ctypes.CDLL(None).prctl(15, f"probe_{i}".encode(), 0, 0, 0)
+        time.sleep(60)
+    for i in range(3):
+        threading.Thread(target=named, args=(i,), daemon=True).start()
+    for _ in range(2):
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.fixture
+def child():
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.2)  # the named threads have set their names
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spindle", "doctor", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_doctor_json_agrees_with_proc(child):
+    """Proves: --json --pid groups the child's threads by runtime and name prefix, with counts that add up to
+    /proc/<pid>/task, and reports the limits the kernel applies."""
+    out = doctor("--json", "--pid", str(child))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    (proc,) = report["processes"]
+    assert proc["pid"] == child
+    assert proc["threads"] == len(os.listdir(f"/proc/{child}/task")) == 1 + 3 + 2 + (CPUS - 1)
+    groups = {g["runtime"]: g for g in proc["groups"]}
+    # Started by threading, so CPython's thread_run is their outermost frame; named at the OS level, so their
+    # names show the prefix.
+    assert groups["Python threads"]["names"] == {"probe": 3, "python": 2}
+    assert groups["Python threads"]["attributed_by"] == ["stack"]
+    assert groups["main thread"]["count"] == 1
+    if CPUS > 1:
+        assert groups["OpenBLAS"]["count"] == CPUS - 1
+        assert "OPENBLAS_NUM_THREADS" in groups["OpenBLAS"]["advice"]
+    assert sum(g["count"] for g in proc["groups"]) == proc["threads"]
+    assert "OpenBLAS" in proc["runtimes_loaded"]
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    limits = report["limits"]
+    assert limits["nproc_soft"] == (None if soft == resource.RLIM_INFINITY else soft)
+    assert limits["nproc_hard"] == (None if hard == resource.RLIM_INFINITY else hard)
+    with open("/proc/sys/kernel/threads-max") as f:
+        assert limits["threads_max"] == int(f.read())
+    assert report["use"]["uid"] == os.getuid()
+    assert report["use"]["uid_tasks"] >= proc["threads"]
+    room = report["headroom"]
+    assert room["min"] == min(v for k, v in room.items() if k in ("nproc", "cgroup", "threads_max", "pid_max")
+                              and v is not None)
+
+
+def test_doctor_text_is_readable(child):
+    """Proves: the plain-text report shows the limits, the headroom, the child's pools and advice per pool."""
+    out = doctor("--pid", str(child))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for expected in ("ulimit -u (RLIMIT_NPROC)", "kernel.threads-max", "Headroom", "<- binding",
+                     "Python threads   probe x3, python x2", "Python threads", "Advice"):
+        assert expected in text, text
+    if CPUS > 1:
+        assert "OpenBLAS: set OPENBLAS_NUM_THREADS=n" in text
+
+
+def test_doctor_names_a_missing_pid():
+    """Proves: a PID that does not exist is an error naming it, exit status 1."""
+    out = doctor("--pid", "999999999")
+    assert out.returncode == 1
+    assert "no process 999999999" in out.stderr
+
+
+def test_console_script_is_declared():
+    """Proves: pyproject declares the `spindle` console script on spindle.cli:main."""
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"] == {"spindle": "spindle.cli:main"}
