@@ -1,12 +1,19 @@
 """spindle: a multi-process data loader with one thread budget and shared-memory batches.
 
 `spindle.torch.DataLoader` (imported on demand, it needs torch) is the drop-in for
-torch.utils.data.DataLoader.
+torch.utils.data.DataLoader. `spindle.limit_threads(n)` caps the thread pools of the
+other runtimes in the consumer; `spindle doctor` (or `python -m spindle doctor`) shows
+the task limits and which pools use them.
+
+`import spindle` loads neither numpy nor any thread-pool runtime (`DataLoader` is
+imported on first use), so that `spindle.limit_threads(n)` can run before numpy's
+OpenBLAS starts its pool.
 """
+
+from typing import Any
 
 from . import errors
 from ._core import ThreadBudget, ThreadPlan, count_process_threads
-from .dataloader import DataLoader
 from .errors import (
     BatchFailedError,
     LoaderTimeoutError,
@@ -17,6 +24,8 @@ from .errors import (
     WorkerError,
 )
 
+from .limits import RuntimeLimit, ThreadLimitReport, limit_threads
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -24,6 +33,9 @@ __all__ = [
     "ThreadBudget",
     "ThreadPlan",
     "count_process_threads",
+    "limit_threads",
+    "ThreadLimitReport",
+    "RuntimeLimit",
     "errors",
     "SpindleError",
     "ThreadBudgetError",
@@ -33,3 +45,13 @@ __all__ = [
     "BatchFailedError",
     "WorkerError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # DataLoader imports numpy, whose OpenBLAS starts its pool at import: loaded
+    # on first use, after a limit_threads(n) that wants to run before it.
+    if name == "DataLoader":
+        from .dataloader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'spindle' has no attribute {name!r}")

@@ -1,0 +1,326 @@
+"""``spindle.limit_threads(n)``: cap the thread pools of the other runtimes in
+the consumer process, and say which ones were already running.
+
+Every runtime sizes its pools from the CPU count when it starts, and most
+never shrink them. Set before they start, the knobs below keep each pool to
+``n`` threads; called after, the call still caps what each runtime's API can
+change, and the report names every runtime whose threads already exist.
+
+What is set, per runtime (measured with this tree's venv, 2 CPUs; see
+docs/threads.md for the numbers):
+
+- OpenMP, MKL, OpenBLAS, BLIS, numexpr: their ``*_NUM_THREADS`` variables,
+  read when the library loads; for those already loaded, threadpoolctl sets
+  the count through the library's API: later calls use at most ``n``, but the
+  threads the pool already holds stay (measured for numpy's OpenBLAS and
+  torch's libgomp), and the report counts them.
+- torch: ``torch.set_num_threads`` / ``torch.set_num_interop_threads``, now
+  if torch is imported, else when it is (an import hook). The inter-op count
+  can be set only before the pool is first used.
+- JAX/XLA: ``PJRT_NPROC``, read when JAX creates its CPU client (at its first
+  computation, not at import), sizes its two CPU pools (XLAPjRtCpuClient and
+  XLAEigen) to ``n`` each. About 10 more XLA threads (compiler pool, slow-op
+  alarm) have no knob in jaxlib 0.10. ``--xla_cpu_multi_thread_eigen=false``
+  and ``intra_op_parallelism_threads`` in XLA_FLAGS change no thread count
+  there (measured), so they are not set: they would only slow the consumer.
+- TensorFlow: ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``, and
+  ``tf.config.threading`` if TensorFlow is imported (it refuses once its
+  context exists). Not measured here: TensorFlow is not installed in this venv.
+- grain: the default of ``grain.ReadOptions.num_threads`` (16) becomes ``n``
+  for ReadOptions made from now on, which covers ``to_iter_dataset()`` and
+  ``grain.DataLoader`` without read_options. An explicit
+  ``ReadOptions(num_threads=k)`` is left alone.
+- TBB: nothing to set (oneTBB reads no variable); spindle's own arena is
+  sized from its ThreadBudget.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+from ._threads import process_threads
+
+try:
+    import threadpoolctl
+except ImportError:  # a declared dependency; without it loaded pools are reported, not capped
+    threadpoolctl = None
+
+# Read by each runtime when it loads or starts its pool.
+_ENVIRONMENT: dict[str, tuple[str, ...]] = {
+    "OpenMP": ("OMP_NUM_THREADS",),
+    "MKL": ("MKL_NUM_THREADS",),
+    "OpenBLAS": ("OPENBLAS_NUM_THREADS",),
+    "BLIS": ("BLIS_NUM_THREADS",),
+    "Accelerate": ("VECLIB_MAXIMUM_THREADS",),
+    "numexpr": ("NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS"),
+    "TensorFlow": ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
+    "JAX/XLA": ("PJRT_NPROC",),
+}
+
+# threadpoolctl's internal_api -> our runtime name.
+_THREADPOOLCTL_RUNTIMES = {"openblas": "OpenBLAS", "openmp": "OpenMP", "mkl": "MKL", "blis": "BLIS",
+                           "flexiblas": "FlexiBLAS"}
+
+CAPPED = "capped"
+AT_START = "capped when it starts"
+PARTLY = "partly capped"
+RUNNING = "already running"
+NOT_CAPPED = "not capped"
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeLimit:
+    """What limit_threads did for one runtime."""
+
+    runtime: str
+    state: str  # capped | capped when it starts | partly capped | already running | not capped
+    how: str  # the knob, and what it covers
+    threads: int  # threads of this runtime in the process when limit_threads ran
+    advice: str = ""  # for "already running" and "not capped": what to do instead
+
+    def __str__(self) -> str:
+        running = f" ({self.threads} threads exist)" if self.threads else ""
+        text = f"{self.runtime:<11} {self.state}{running}: {self.how}"
+        return text + (f"; {self.advice}" if self.advice else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadLimitReport:
+    """What ``limit_threads(n)`` capped, per runtime, and what it could not."""
+
+    n: int
+    runtimes: tuple[RuntimeLimit, ...]
+    environment: dict[str, str]  # variables in effect after the call
+    threads_before: int  # threads of the process when limit_threads ran
+
+    def __getitem__(self, runtime: str) -> RuntimeLimit:
+        for r in self.runtimes:
+            if r.runtime == runtime:
+                return r
+        raise KeyError(f"no runtime {runtime!r} in the report; it has {[r.runtime for r in self.runtimes]}")
+
+    @property
+    def already_running(self) -> tuple[RuntimeLimit, ...]:
+        """Runtimes whose threads existed before the call and could not all be removed."""
+        return tuple(r for r in self.runtimes if r.state == RUNNING)
+
+    def __str__(self) -> str:
+        lines = [f"spindle.limit_threads({self.n}): the process had {self.threads_before} threads"]
+        lines += [f"  {r}" for r in self.runtimes]
+        return "\n".join(lines)
+
+
+def limit_threads(n: int) -> ThreadLimitReport:
+    """Caps the thread pools of OpenMP, MKL, OpenBLAS, BLIS, numexpr, torch,
+    JAX/XLA, TensorFlow and grain in this process to ``n`` threads each, and
+    reports, per runtime, how (or that it was already running and what to do).
+
+    Call it first thing in the consumer, before importing numpy, torch, jax or
+    tensorflow: most runtimes size their pools once, when they start, and never
+    shrink them. Variables the user already set lower are kept. Workers of a
+    spindle loader need none of this: they cap themselves to one thread.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"spindle.limit_threads: n must be an integer >= 1, got {n!r}")
+    existing = collections.Counter(t.runtime for t in process_threads(os.getpid()))
+    threads_before = sum(existing.values())
+
+    environment = {}
+    for variables in _ENVIRONMENT.values():
+        for var in variables:
+            environment[var] = _cap_variable(var, n)
+
+    results: list[RuntimeLimit] = []
+    results += _cap_loaded_native(n, existing)
+    results.append(_cap_torch(n, existing))
+    results.append(_cap_jax(n, existing))
+    results.append(_cap_tensorflow(n, existing))
+    results.append(_cap_grain(n, existing))
+    results.append(RuntimeLimit(
+        "TBB", NOT_CAPPED, "oneTBB reads no environment variable; spindle's own arena is sized from its "
+        "ThreadBudget", existing["TBB"],
+        "" if not existing["TBB"] else "a library running its own TBB pool must cap it with tbb::global_control"))
+    return ThreadLimitReport(n, tuple(results), environment, threads_before)
+
+
+def _cap_variable(var: str, n: int) -> str:
+    """Sets `var` to n unless it already holds a smaller positive integer."""
+    current = os.environ.get(var, "")
+    if current.isdigit() and 0 < int(current) <= n:
+        return current
+    os.environ[var] = str(n)
+    return str(n)
+
+
+def _cap_loaded_native(n: int, existing: collections.Counter) -> list[RuntimeLimit]:
+    """OpenMP, MKL, OpenBLAS, BLIS: through threadpoolctl if loaded, else the environment."""
+    loaded: dict[str, list[Any]] = collections.defaultdict(list)
+    if threadpoolctl is not None:
+        for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+            loaded[_THREADPOOLCTL_RUNTIMES.get(lib.internal_api, lib.internal_api)].append(lib)
+    out = []
+    for runtime in ("OpenMP", "MKL", "OpenBLAS", "BLIS", "FlexiBLAS"):
+        variables = "=".join((*_ENVIRONMENT.get(runtime, ()), str(n)))
+        if runtime not in loaded:
+            if runtime in _ENVIRONMENT:
+                how = f"{variables} (read when it loads)"
+                if threadpoolctl is None and existing[runtime]:
+                    out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
+                                            "pip install threadpoolctl to cap a loaded library"))
+                else:
+                    out.append(RuntimeLimit(runtime, AT_START, how, existing[runtime]))
+            continue
+        was = []
+        for lib in loaded[runtime]:
+            count = lib.num_threads
+            was.append(count)
+            if count > n:  # only lower: raising OpenBLAS's count starts threads
+                lib.set_num_threads(n)
+        how = f"loaded, set to {n} threads through threadpoolctl (was {max(was)})"
+        # A pool of n threads runs n - 1 threads beside the caller.
+        if existing[runtime] > n - 1:
+            # Measured for OpenBLAS (pthreads) and libgomp: lowering the count stops no thread.
+            out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
+                                    f"its pool threads stay until the process exits: set {variables} before "
+                                    "it loads, or call spindle.limit_threads first thing"))
+        else:
+            out.append(RuntimeLimit(runtime, CAPPED, how, existing[runtime]))
+    return out
+
+
+def _cap_torch(n: int, existing: collections.Counter) -> RuntimeLimit:
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "set_num_interop_threads"):
+        _after_import("torch", lambda t: _set_torch_threads(t, n))
+        return RuntimeLimit("torch", AT_START, f"torch.set_num_threads({n}) and torch.set_num_interop_threads({n}) "
+                            "when torch is imported (import hook)", existing["torch"])
+    interop_set = _set_torch_threads(torch, n)
+    how = f"torch.set_num_threads({n})"
+    if interop_set:
+        return RuntimeLimit("torch", CAPPED, how + f", torch.set_num_interop_threads({n})", existing["torch"])
+    return RuntimeLimit("torch", RUNNING, how + "; its inter-op pool was already started or sized "
+                        f"({torch.get_num_interop_threads()} threads)", existing["torch"],
+                        f"call spindle.limit_threads before torch's first inter-op use "
+                        "(torch.jit.fork, some ops)")
+
+
+def _set_torch_threads(torch: Any, n: int) -> bool:
+    """Caps torch's pools; False if its inter-op count can no longer be set."""
+    if torch.get_num_threads() > n:
+        torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(min(n, torch.get_num_interop_threads()))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _cap_jax(n: int, existing: collections.Counter) -> RuntimeLimit:
+    how = (f"PJRT_NPROC={os.environ['PJRT_NPROC']}: sizes XLA's two CPU pools (XLAPjRtCpuClient, XLAEigen) "
+           "when JAX creates its CPU client, at its first computation; about 10 more XLA threads (compiler "
+           "pool, alarm) have no knob")
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        return RuntimeLimit("JAX/XLA", RUNNING, how, existing["JAX/XLA"],
+                            "its backends already exist and keep their pools: call spindle.limit_threads "
+                            "(or set PJRT_NPROC) before JAX's first computation")
+    return RuntimeLimit("JAX/XLA", PARTLY, how, existing["JAX/XLA"])
+
+
+def _cap_tensorflow(n: int, existing: collections.Counter) -> RuntimeLimit:
+    how = (f"TF_NUM_INTRAOP_THREADS and TF_NUM_INTEROP_THREADS = {n} (read when TensorFlow starts its "
+           "runtime); tf.data's own pools: options.threading.private_threadpool_size")
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not hasattr(tf, "config"):
+        return RuntimeLimit("TensorFlow", AT_START, how, existing["TensorFlow"])
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(n)
+        tf.config.threading.set_inter_op_parallelism_threads(n)
+    except RuntimeError:  # "cannot be modified after initialization"
+        return RuntimeLimit("TensorFlow", RUNNING, how, existing["TensorFlow"],
+                            "its context already exists: call spindle.limit_threads before the first op")
+    return RuntimeLimit("TensorFlow", CAPPED, f"tf.config.threading intra/inter-op = {n}; " + how,
+                        existing["TensorFlow"])
+
+
+def _cap_grain(n: int, existing: collections.Counter) -> RuntimeLimit:
+    _after_import("grain._src.python.options", lambda m: _set_grain_default(m, n))
+    how = (f"the default ReadOptions.num_threads becomes min(16, {n}) for ReadOptions made from now on "
+           "(to_iter_dataset(), grain.DataLoader without read_options); pass "
+           f"ReadOptions(num_threads={n}) where you set it yourself")
+    python_threads = existing["Python threads"] + existing["grain"]
+    if python_threads:
+        return RuntimeLimit("grain", PARTLY, how, python_threads,
+                            "threads already started by existing iterators (counted here with every Python "
+                            "thread) stay")
+    return RuntimeLimit("grain", CAPPED, how, 0)
+
+
+def _set_grain_default(options: Any, n: int) -> None:
+    init = options.ReadOptions.__init__
+    defaults = init.__defaults__  # (num_threads, prefetch_buffer_size) in grain 0.2
+    if defaults and isinstance(defaults[0], int) and defaults[0] > n:
+        init.__defaults__ = (n, *defaults[1:])
+
+
+# Post-import hooks: a knob only an API sets (torch's inter-op count, grain's
+# default) is applied when the module is imported, before the caller uses it.
+_hooks: dict[str, list[Callable[[Any], None]]] = {}
+_hooks_lock = threading.Lock()
+
+
+def _after_import(name: str, hook: Callable[[Any], None]) -> None:
+    """Runs hook(module) now if `name` is imported, else right after its import."""
+    module = sys.modules.get(name)
+    if module is not None:
+        hook(module)
+        return
+    with _hooks_lock:
+        _hooks.setdefault(name, []).append(hook)
+        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _PostImportFinder())
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of a hooked module so that its
+    hooks run once the module has executed."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _HookedLoader(spec.loader, fullname)
+                return spec
+            if spec is not None:
+                return spec
+        return None
+
+
+class _HookedLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        with _hooks_lock:
+            hooks = _hooks.pop(self._name, [])
+        for hook in hooks:
+            hook(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._loader, name)
