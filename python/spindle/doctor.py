@@ -220,8 +220,8 @@ def format_text(report: dict[str, Any], *, max_processes: int = 20) -> str:
     lines.append(f"  kernel.threads-max        {_fmt(lim['threads_max'])}")
     lines.append(f"  kernel.pid_max            {_fmt(lim['pid_max'])}")
     lines.append("Use")
-    lines.append(f"  tasks of uid {use['uid']}           {use['uid_tasks']}")
-    lines.append(f"  tasks on the node         {use['node_tasks']}")
+    lines.append(f"  {'tasks of uid ' + str(use['uid']):<25} {use['uid_tasks']}")
+    lines.append(f"  {'tasks on the node':<25} {use['node_tasks']}")
     lines.append("Headroom (tasks that can still start)")
     for key, label in (("nproc", "ulimit -u"), ("cgroup", "cgroup"), ("threads_max", "threads-max"),
                        ("pid_max", "pid_max")):
