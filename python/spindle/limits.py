@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
