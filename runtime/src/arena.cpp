@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -179,6 +180,55 @@ void Arena::parallel_for(std::size_t n, std::size_t grain,
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, grain),
                       [&](const tbb::blocked_range<std::size_t>& r) { body(r.begin(), r.end()); });
   });
+}
+
+struct ArenaJobs::Shared {
+  std::mutex mu;
+  std::condition_variable done;
+  int running = 0;
+};
+
+// The arena is held by the handle, not by the jobs: it must never be
+// destroyed from one of its own threads.
+ArenaJobs::~ArenaJobs() {
+  wait();
+  arena_.reset();
+}
+
+void ArenaJobs::wait() noexcept {
+  std::unique_lock lock(shared_->mu);
+  shared_->done.wait(lock, [&] { return shared_->running == 0; });
+}
+
+std::unique_ptr<ArenaJobs> Arena::start(int n, std::function<void(int)> body) {
+  auto shared = std::make_shared<ArenaJobs::Shared>();
+  std::unique_ptr<ArenaJobs> jobs(new ArenaJobs(shared));
+  if (n <= 0) return jobs;
+  std::shared_ptr<tbb::task_arena> arena = arena_for_this_process();
+  jobs->arena_ = arena;
+  {
+    State& s = state();
+    std::lock_guard lock(s.mu);
+    if (!arena || s.extra < n)
+      SPINDLE_THROW(std::logic_error, "spindle: " + std::to_string(n) + " arena jobs need " + std::to_string(n) +
+                                          " extra arena threads; the arena has " + std::to_string(s.extra) +
+                                          " (take a lease for them first)");
+  }
+  auto fn = std::make_shared<std::function<void(int)>>(std::move(body));
+  shared->running = n;
+  for (int i = 0; i < n; ++i) {
+    // enqueue: run by the arena's worker threads (its one master slot is for
+    // callers of execute), so n jobs occupy n of its extra threads.
+    arena->enqueue([shared, fn, i] {
+      try {
+        (*fn)(i);
+      } catch (...) {
+      }
+      std::lock_guard lock(shared->mu);
+      if (--shared->running == 0) shared->done.notify_all();
+    });
+  }
+  return jobs;
 }
 
 void Arena::parallel_copy(void* dst, const void* src, std::size_t bytes) {

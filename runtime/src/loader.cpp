@@ -161,7 +161,23 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec&
   start();
 }
 
-void Loader::prepare() {
+Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main, ArenaThreads)
+    : options_(options), batches_(std::move(batches)) {
+  prepare(/*threads=*/true);
+  const BatchRing ring = ring_->ring;
+  const pid_t parent = getppid();  // a worker thread stops if this process is orphaned, as a forked one does
+  const int segment_fd = ring_->segment.fd();
+  auto main = std::make_shared<WorkerMain>(std::move(worker_main));
+  threads_ = Arena::global().start(options.num_workers, [ring, parent, segment_fd, main](int w) {
+    // The record names the thread (its tid) where a process would be named.
+    ring.worker(static_cast<uint32_t>(w)).pid.store(static_cast<int32_t>(gettid()), std::memory_order_relaxed);
+    WorkerContext ctx(ring, w, parent, segment_fd);
+    (*main)(ctx);
+  });
+  start();
+}
+
+void Loader::prepare(bool threads) {
   const LoaderOptions& options = options_;
   if (options.num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
@@ -182,7 +198,11 @@ void Loader::prepare() {
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;
   plan_ = ThreadBudget(sources).plan(options.num_workers);
-  arena_lease_ = Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
+  // Threads mode: the workers are arena threads, on top of what the plan
+  // grants for copy-out.
+  arena_lease_ = threads ? Arena::global().lease(options.num_workers + plan_.arena_threads,
+                                                 options.num_workers + plan_.arena_limit)
+                         : Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
@@ -233,7 +253,7 @@ void Loader::reset(BatchPlan batches) {
   if (options_.round_robin)
     SPINDLE_THROW(std::logic_error, "spindle: reset() needs planned batches; a round-robin (stream) loader "
                                     "cannot restart its workers' streams");
-  if (!pool_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
+  if (!pool_ && !threads_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
   check_batches(batches);
   // Batches of the old epoch still in flight finish (their slots are written
   // by workers) and are discarded; the ring is then empty of work.
@@ -260,7 +280,7 @@ void Loader::rethrow_if_broken() const {
 void Loader::start() {
   {
     std::lock_guard lock(pids_mu_);
-    pids_ = pool_->pids();
+    if (pool_) pids_ = pool_->pids();
   }
   last_check_ = std::chrono::steady_clock::now();
   post_more();
@@ -285,10 +305,11 @@ void Loader::close(std::chrono::milliseconds grace) noexcept {
 
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   closing_.store(true, std::memory_order_release);
-  if (!pool_) return;
+  if (!pool_ && !threads_) return;
   for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
-  pool_->shutdown(grace);
+  if (pool_) pool_->shutdown(grace);
   pool_.reset();
+  threads_.reset();  // waits for the batches being filled: threads cannot be killed
   std::lock_guard lock(pids_mu_);
   pids_.clear();
 }
@@ -367,6 +388,7 @@ void Loader::fail_closed(const std::string& message, bool timeout) {
 }
 
 void Loader::check_workers() {
+  if (!pool_) return;  // threads do not exit on their own
   auto e = pool_->poll_exit();
   if (!e) return;
   const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));

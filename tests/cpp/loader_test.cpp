@@ -503,3 +503,35 @@ TEST(LoaderSupervision, APollHookThatThrowsLeavesTheLoaderUsable) {
 
 }  // namespace
 }  // namespace spindle
+
+namespace spindle {
+namespace {
+
+// Proves: ArenaThreads mode delivers the same batches, bytes for bytes, as forked workers,
+// forks nothing (no worker pids), runs its workers on arena threads of this process, and
+// close() ends them.
+TEST(LoaderThreads, ArenaThreadsDeliverTheSameBatchesAsProcesses) {
+  const auto batches = make_batches(3000, 16);
+  auto body = sample_worker(fill_sample, kSampleBytes);
+  std::vector<std::vector<std::byte>> from_processes, from_threads;
+  {
+    Loader loader(options(2, 16), batches, body);
+    while (auto b = loader.next()) from_processes.emplace_back(b->data().begin(), b->data().end());
+  }
+  const std::size_t threads_before = spindle::testing::thread_count();
+  {
+    Loader loader(options(2, 16), batches, body, ArenaThreads{});
+    EXPECT_TRUE(loader.worker_pids().empty());
+    std::size_t i = 0;
+    while (auto b = loader.next()) {
+      EXPECT_TRUE(batch_is_intact(*b, batches[i])) << "batch " << i;
+      from_threads.emplace_back(b->data().begin(), b->data().end());
+      ++i;
+    }
+    EXPECT_GE(spindle::testing::thread_count(), threads_before + 2) << "the workers are threads of this process";
+  }
+  EXPECT_EQ(from_threads, from_processes);
+}
+
+}  // namespace
+}  // namespace spindle

@@ -80,6 +80,13 @@ class SharedMapping {
 };
 
 // Names in /dev/shm that belong to process `pid` ("spindle.<pid>.*").
+// Threads of this process now (/proc/self/task).
+inline std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
 inline std::vector<std::string> spindle_shm_names(pid_t pid) {
   const std::string prefix = "spindle." + std::to_string(pid) + ".";
   std::vector<std::string> names;

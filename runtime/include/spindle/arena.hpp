@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace spindle {
 
@@ -58,6 +59,24 @@ class ArenaLease {
   int extra_ = 0;
 };
 
+// Long-running bodies started on the arena's threads (Arena::start); the
+// destructor waits for them.
+class ArenaJobs {
+ public:
+  ~ArenaJobs();
+  ArenaJobs(const ArenaJobs&) = delete;
+  ArenaJobs& operator=(const ArenaJobs&) = delete;
+  // Blocks until every body has returned.
+  void wait() noexcept;
+
+ private:
+  friend class Arena;
+  struct Shared;
+  explicit ArenaJobs(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<void> arena_;  // the tbb::task_arena the jobs run in
+};
+
 class Arena {
  public:
   // The process-wide arena.
@@ -78,6 +97,12 @@ class Arena {
                     const std::function<void(std::size_t, std::size_t)>& body);
   // memcpy across the arena, in chunks of at least 1 MiB.
   void parallel_copy(void* dst, const void* src, std::size_t bytes);
+  // Runs body(0) .. body(n - 1) at once, each on its own arena thread, and
+  // returns; they may run for long (a loader's workers in threads mode).
+  // Throws std::logic_error if the arena has fewer than n extra threads (take
+  // a lease for them first). Exceptions a body throws are swallowed: a body
+  // reports its own errors.
+  [[nodiscard]] std::unique_ptr<ArenaJobs> start(int n, std::function<void(int)> body);
 
  private:
   friend class ArenaLease;

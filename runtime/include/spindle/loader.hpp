@@ -62,6 +62,12 @@ struct LoaderOptions {
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
 
+// Workers as threads of the one arena in this process instead of processes
+// (no fork): the same ring, protocol and batches; the threads count against
+// the same budget. For native worker bodies that release no GIL and need no
+// isolation from a crashing decoder.
+struct ArenaThreads {};
+
 // A delivered batch: a lease on a ring slot (or, if copied out, its own
 // buffer). The slot returns to the ring when the Batch is destroyed, even if
 // the Loader is gone by then.
@@ -123,6 +129,10 @@ class Loader {
          const std::string& main);
   // The same, with workers started as new programs (see SpawnSpec).
   Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn);
+  // The same, with worker w running worker_main on an arena thread of this
+  // process. A worker cannot be killed: close() waits for the batches being
+  // filled, and a crash in worker_main is a crash of this process.
+  Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main, ArenaThreads);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -154,7 +164,7 @@ class Loader {
   int64_t copied_out() const noexcept { return copied_out_; }
 
  private:
-  void prepare();
+  void prepare(bool threads = false);
   void check_batches(const BatchPlan& batches) const;
   void rethrow_if_broken() const;
   void start();
@@ -171,7 +181,8 @@ class Loader {
   ArenaLease arena_lease_;  // plan_.arena_threads, held while the loader lives
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
-  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<WorkerPool> pool_;      // worker processes, or
+  std::unique_ptr<ArenaJobs> threads_;    // worker threads (ArenaThreads)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   uint32_t next_worker_ = 0;        // round-robin: who gets the next batch
