@@ -52,6 +52,15 @@ class BatchFailedError : public std::runtime_error {
   std::string payload;
 };
 
+// Input data is malformed: a corrupt or truncated tar shard, a .npy file with
+// an unusable header, a label that is not a number. The message names the file
+// (shard, key, byte offset) so the user can find and replace it. Distinct from
+// std::invalid_argument, which is for misuse of the API.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 std::string location_suffix(const char* file, int line);
 }  // namespace detail
