@@ -92,11 +92,13 @@ bench: build-cpp install-py
 # build/fuzz/artifacts); `make fuzz-smoke` only replays the committed corpus.
 CLANGXX ?= clang++
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz slot_layout_fuzz
+FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz slot_layout_fuzz tar_reader_fuzz
 FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 FUZZ_CXXFLAGS := -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -Wall -Wextra -Iruntime/include
 FUZZ_RUN_FLAGS := -timeout=20 -rss_limit_mb=2048 -max_len=1024 -print_final_stats=1
+# Per-target additions (a later -max_len wins): a tar needs a few 512-byte blocks.
+FUZZ_FLAGS_tar_reader_fuzz := -max_len=8192
 FUZZ_HEADERS := $(wildcard runtime/include/spindle/*.hpp runtime/include/spindle/detail/*.hpp tests/fuzz/*.hpp)
 
 fuzz-deps: build/fuzz/.deps-ok
@@ -108,6 +110,7 @@ build/fuzz/.deps-ok: Makefile
 # Runtime sources each target compiles in (beyond its own file).
 build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/slot_layout.cpp runtime/src/error.cpp
 build/fuzz/slot_layout_fuzz: runtime/src/slot_layout.cpp runtime/src/error.cpp
+build/fuzz/tar_reader_fuzz: runtime/src/sources/tar_reader.cpp runtime/src/sources/web_dataset.cpp runtime/src/sources/io_util.cpp runtime/src/error.cpp
 
 $(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cpp $(FUZZ_HEADERS) build/fuzz/.deps-ok
 	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@
@@ -126,7 +129,8 @@ fuzz: $(FUZZ_BINS)
 	  rm -rf build/fuzz/corpus/$$t build/fuzz/artifacts/$$t-*; mkdir -p build/fuzz/corpus/$$t build/fuzz/artifacts; \
 	  cp tests/fuzz/corpus/$$t/* build/fuzz/corpus/$$t/; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s (log: build/fuzz/$$t.log)"; \
-	  if ./build/fuzz/$$t $(FUZZ_RUN_FLAGS) -max_total_time=$(FUZZ_SECONDS) \
+	  extra=""; case $$t in tar_reader_fuzz) extra="$(FUZZ_FLAGS_tar_reader_fuzz)";; esac; \
+	  if ./build/fuzz/$$t $(FUZZ_RUN_FLAGS) $$extra -max_total_time=$(FUZZ_SECONDS) \
 	       -artifact_prefix=build/fuzz/artifacts/$$t- build/fuzz/corpus/$$t >build/fuzz/$$t.log 2>&1; then \
 	    grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' build/fuzz/$$t.log; \
 	  else \
