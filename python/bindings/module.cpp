@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   spindle::python::register_errors(m);
   spindle::python::register_budget(m);
   spindle::python::register_loader(m);
+  spindle::python::register_sources(m);
 }

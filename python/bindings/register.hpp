@@ -5,4 +5,5 @@ namespace spindle::python {
 void register_errors(pybind11::module_& m);
 void register_budget(pybind11::module_& m);
 void register_loader(pybind11::module_& m);
+void register_sources(pybind11::module_& m);
 }  // namespace spindle::python

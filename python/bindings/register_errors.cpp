@@ -17,6 +17,7 @@ void register_errors(py::module_& m) {
   static PyObject* died = py::object(errors.attr("WorkerDiedError")).release().ptr();
   static PyObject* timeout = py::object(errors.attr("LoaderTimeoutError")).release().ptr();
   static PyObject* failed = py::object(errors.attr("BatchFailedError")).release().ptr();
+  static PyObject* data = py::object(errors.attr("DataError")).release().ptr();
   (void)m;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -29,6 +30,8 @@ void register_errors(py::module_& m) {
       PyErr_SetString(died, e.what());
     } catch (const LoaderTimeoutError& e) {
       PyErr_SetString(timeout, e.what());
+    } catch (const DataError& e) {
+      PyErr_SetString(data, e.what());
     } catch (const BatchFailedError& e) {
       // The message embeds the worker's report, which the Python layer
       // pickles: decode leniently, the exact bytes travel in `payload`.

@@ -13,9 +13,10 @@ OpenBLAS starts its pool.
 from typing import Any
 
 from . import errors
-from ._core import ThreadBudget, ThreadPlan, count_process_threads
+from ._core import ArraySource, ImageFolder, ThreadBudget, ThreadPlan, WebDataset, count_process_threads
 from .errors import (
     BatchFailedError,
+    DataError,
     LoaderTimeoutError,
     SharedMemoryError,
     SpindleError,
@@ -44,6 +45,10 @@ __all__ = [
     "LoaderTimeoutError",
     "BatchFailedError",
     "WorkerError",
+    "DataError",
+    "ImageFolder",
+    "ArraySource",
+    "WebDataset",
 ]
 
 

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import typing
 import typing_extensions
-__all__: list[str] = ['AttachedWorker', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -225,6 +225,97 @@ class Loader:
         ...
     @property
     def worker_pids(self) -> list[int]:
+        ...
+class ImageFolder:
+    """
+    Images in the ImageNet layout root/<class>/<file>, ordered and labelled by torchvision.datasets.ImageFolder's rule (.jpg/.jpeg/.png only).
+    """
+    def __init__(self, root: str) -> None:
+        ...
+    def __len__(self) -> int:
+        ...
+    def label(self, index: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        The class index of sample `index`.
+        """
+    def path(self, index: typing.SupportsInt | typing.SupportsIndex) -> str:
+        """
+        The file of sample `index`.
+        """
+    def read(self, index: typing.SupportsInt | typing.SupportsIndex) -> tuple[bytes, int, str]:
+        """
+        (encoded bytes, label, origin) of sample `index`.
+        """
+    @property
+    def classes(self) -> list[str]:
+        """
+        Class names; a sample's label is an index into them.
+        """
+    @property
+    def root(self) -> str:
+        ...
+class ArraySource:
+    """
+    Rows of a C-order array in a .npy file, memory-mapped read-only (sample i = row i).
+    """
+    @staticmethod
+    def from_npy(path: str) -> ArraySource:
+        """
+        Maps `path`; refuses Fortran-order, object and structured arrays with DataError.
+        """
+    def __len__(self) -> int:
+        ...
+    def array(self) -> numpy.ndarray:
+        """
+        All rows as one read-only numpy view of the mapping (no copy).
+        """
+    def row(self, index: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
+        """
+        Row `index` as a read-only numpy view of the mapping (no copy).
+        """
+    @property
+    def dtype(self) -> str:
+        """
+        numpy's type string, e.g. '<f4'.
+        """
+    @property
+    def row_shape(self) -> list[int]:
+        ...
+    @property
+    def shape(self) -> list[int]:
+        ...
+class WebDatasetShardIterator:
+    """
+    One pass over one WebDataset shard.
+    """
+    def __iter__(self) -> WebDatasetShardIterator:
+        ...
+    def __next__(self) -> dict:
+        ...
+class WebDataset:
+    """
+    WebDataset tar shards: members grouped into samples by key, read streaming.
+    """
+    @staticmethod
+    def label_of(sample: dict) -> int:
+        """
+        The label from 'cls' (decimal text) or 'json' ({"label": n}), else -1.
+        """
+    def __init__(self, shards: collections.abc.Sequence[str]) -> None:
+        ...
+    def iter_shard(self, shard: typing.SupportsInt | typing.SupportsIndex) -> WebDatasetShardIterator:
+        """
+        The samples of shard `shard` in order, as dicts {'__key__', '__url__', extension: bytes}.
+        """
+    def shards_of_worker(self, worker: typing.SupportsInt | typing.SupportsIndex, num_workers: typing.SupportsInt | typing.SupportsIndex) -> list[int]:
+        """
+        Shard numbers of `worker` of `num_workers` (worker, worker + num_workers, ...).
+        """
+    @property
+    def num_shards(self) -> int:
+        ...
+    @property
+    def shards(self) -> list[str]:
         ...
 def arena_extra_threads() -> int:
     """

@@ -15,6 +15,7 @@ __all__ = [
     "LoaderTimeoutError",
     "BatchFailedError",
     "WorkerError",
+    "DataError",
 ]
 
 
@@ -56,3 +57,11 @@ class BatchFailedError(SpindleError):
 
 class WorkerError(SpindleError):
     """A worker raised an exception that could not be re-created in the consumer."""
+
+
+class DataError(SpindleError, ValueError):
+    """Input data is malformed: a corrupt or truncated tar shard, an unusable .npy file, a bad label.
+
+    The message names the file (shard, key, byte offset) and what to change. A
+    :class:`ValueError` too, as Python code expects for bad input.
+    """

@@ -210,6 +210,7 @@ class WdsShardReader {
  public:
   WdsShardReader(const WebDataset& ds, std::size_t shard);
   std::optional<WdsSample> next();
+  const std::string& shard() const noexcept { return shard_; }
 
  private:
   std::string shard_;
