@@ -78,6 +78,13 @@ std::string pax_record(const std::string& key, const std::string& value) {
 
 const std::string kEnd(1024, '\0');
 
+// prefix + n + suffix (std::string operator+ here trips GCC 12's false -Wrestrict, PR 105329).
+std::string numbered(const char* prefix, int n, const char* suffix) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%d%s", prefix, n, suffix);
+  return buf;
+}
+
 std::vector<std::pair<std::string, std::string>> read_all(TarReader& r) {
   std::vector<std::pair<std::string, std::string>> out;
   while (auto m = r.next()) {
@@ -162,7 +169,7 @@ TEST(ImageFolderTest, ReadInForkedChildAfterParent) {
   TempDir dir;
   for (int c = 0; c < 3; ++c)
     for (int i = 0; i < 5; ++i)
-      write_file(dir.path() / std::to_string(c).insert(0, "c") / (std::to_string(i) + ".jpg"),
+      write_file(dir.path() / numbered("c", c, "") / numbered("", i, ".jpg"),
                  std::string(100 + i * 37 + c, static_cast<char>('a' + i)));
   ImageFolder f(dir.path().string());
   std::vector<std::string> parent;
@@ -396,7 +403,7 @@ TEST(SourcesConcurrency, ThreadsReadingTheSameSourcesAgree) {
   TempDir dir;
   for (int c = 0; c < 4; ++c)
     for (int i = 0; i < 8; ++i)
-      write_file(dir.path() / "img" / std::to_string(c).insert(0, "c") / (std::to_string(i) + ".png"),
+      write_file(dir.path() / "img" / numbered("c", c, "") / numbered("", i, ".png"),
                  std::string(1000 + 13 * i + c, static_cast<char>('A' + c)));
   std::string tar;
   for (int i = 0; i < 50; ++i) {
