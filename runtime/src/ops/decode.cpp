@@ -1,0 +1,333 @@
+// probe() and decode(): JPEG through libjpeg-turbo's libjpeg API (fused crop and
+// DCT-domain downscaling), PNG through libspng. See README.md for the choices.
+#include <spindle/error.hpp>
+#include <spindle/ops/image_ops.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE
+#include <cstring>
+#include <string>
+
+#include <jerror.h>
+#include <jpeglib.h>
+#include <spng.h>
+
+#include "resample.hpp"
+
+namespace spindle::ops {
+
+namespace {
+
+constexpr unsigned char kJpegMagic[] = {0xFF, 0xD8, 0xFF};
+constexpr unsigned char kPngMagic[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+
+bool starts_with(std::span<const std::byte> data, const unsigned char* magic, size_t n) {
+  return data.size() >= n && std::memcmp(data.data(), magic, n) == 0;
+}
+
+ImageInfo::Format sniff(std::span<const std::byte> data) {
+  if (starts_with(data, kJpegMagic, sizeof kJpegMagic)) return ImageInfo::Format::kJpeg;
+  if (starts_with(data, kPngMagic, sizeof kPngMagic)) return ImageInfo::Format::kPng;
+  if (data.empty()) SPINDLE_THROW(DecodeError, "cannot decode image: the input is empty (0 bytes)");
+  char head[3 * 8 + 1] = {};
+  const size_t n = std::min<size_t>(data.size(), 8);
+  for (size_t i = 0; i < n; ++i)
+    std::snprintf(head + 3 * i, 4, "%02x ", static_cast<unsigned>(std::to_integer<unsigned char>(data[i])));
+  SPINDLE_THROW(DecodeError, "cannot decode image: not a JPEG or PNG (" + std::to_string(data.size()) +
+                                 " bytes starting " + std::string(head, 3 * n - 1) + ")");
+}
+
+void check_pixels(int64_t height, int64_t width, const char* format) {
+  if (height <= 0 || width <= 0)
+    SPINDLE_THROW(DecodeError, std::string("cannot decode ") + format + ": empty image (" + std::to_string(height) +
+                                   "x" + std::to_string(width) + ")");
+  if (height * width > kMaxImagePixels)
+    SPINDLE_THROW(DecodeError, std::string("cannot decode ") + format + ": " + std::to_string(height) + "x" +
+                                   std::to_string(width) + " exceeds the limit of " +
+                                   std::to_string(kMaxImagePixels) + " pixels (a decompression bomb?)");
+}
+
+CropBox checked_crop(const std::optional<CropBox>& crop, int height, int width) {
+  if (!crop) return {0, 0, height, width};
+  const CropBox& b = *crop;
+  if (b.top < 0 || b.left < 0 || b.height <= 0 || b.width <= 0 || b.top > height - b.height ||
+      b.left > width - b.width) {
+    SPINDLE_THROW(std::invalid_argument, "decode: crop (top " + std::to_string(b.top) + ", left " +
+                                             std::to_string(b.left) + ", " + std::to_string(b.height) + "x" +
+                                             std::to_string(b.width) + ") is empty or leaves the " +
+                                             std::to_string(height) + "x" + std::to_string(width) + " image");
+  }
+  return b;
+}
+
+void check_size(const std::optional<Size>& size) {
+  if (size && (size->height <= 0 || size->width <= 0 || int64_t{size->height} * size->width > kMaxImagePixels)) {
+    SPINDLE_THROW(std::invalid_argument, "decode: target size " + std::to_string(size->height) + "x" +
+                                             std::to_string(size->width) + " must be positive and at most " +
+                                             std::to_string(kMaxImagePixels) + " pixels");
+  }
+}
+
+// ---- JPEG --------------------------------------------------------------------
+
+// libjpeg reports errors through error_exit, whose default calls exit(), and
+// prints warnings to stderr. Ours longjmps back to the setjmp in
+// JpegDecoder::run with the library's own message, and drops warnings except
+// "Premature end of JPEG file", which is an error here (as in PIL, which raises
+// for truncated images): a truncated file must not pass as a grey-padded one.
+// Other corrupt-data warnings (e.g. extraneous bytes before a marker) are
+// ignored like PIL does; libjpeg then decodes what it can.
+struct JpegErrorManager {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void jpeg_error_exit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jpeg_emit_message(j_common_ptr cinfo, int level) {
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_error_exit(cinfo);
+  if (level < 0) cinfo->err->num_warnings++;
+}
+
+void jpeg_output_message(j_common_ptr) {}
+
+// All libjpeg calls happen inside run(), between setjmp and the end of the
+// function, with no objects that have destructors in that frame: a longjmp out
+// of libjpeg skips only C frames and trivially destructible locals. Buffers
+// live in the JpegDecoder (the caller's frame) and are freed normally.
+class JpegDecoder {
+ public:
+  JpegDecoder() {
+    cinfo_.err = jpeg_std_error(&err_.pub);
+    err_.pub.error_exit = jpeg_error_exit;
+    err_.pub.emit_message = jpeg_emit_message;
+    err_.pub.output_message = jpeg_output_message;
+    jpeg_create_decompress(&cinfo_);  // only fails on out-of-memory, through error_exit
+    created_ = true;
+  }
+  ~JpegDecoder() {
+    if (created_) jpeg_destroy_decompress(&cinfo_);
+  }
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+
+  ImageInfo probe(std::span<const std::byte> data) {
+    if (setjmp(err_.jump)) fail();
+    start(data);
+    return info();
+  }
+
+  void decode(std::span<const std::byte> data, const std::optional<CropBox>& crop, const std::optional<Size>& size,
+              Image& out) {
+    if (setjmp(err_.jump)) fail();
+    start(data);
+    const ImageInfo in = info();
+    check_pixels(in.height, in.width, "JPEG");
+    const CropBox box = checked_crop(crop, in.height, in.width);
+
+    // DCT-domain downscaling: the largest 1/d (d in 8, 4, 2) that keeps the
+    // scaled crop at least the target size in both dimensions.
+    int denom = 1;
+    if (size) {
+      for (int d : {8, 4, 2}) {
+        if (box.height >= d * size->height && box.width >= d * size->width) {
+          denom = d;
+          break;
+        }
+      }
+    }
+    cinfo_.scale_num = 1;
+    cinfo_.scale_denom = static_cast<unsigned>(denom);
+    const bool cmyk = cinfo_.jpeg_color_space == JCS_CMYK || cinfo_.jpeg_color_space == JCS_YCCK;
+    cinfo_.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+    cinfo_.dct_method = JDCT_ISLOW;  // what PIL uses: the pixels equal its decode
+    jpeg_start_decompress(&cinfo_);
+
+    // The crop in scaled pixels; the region decoded covers it, rounded outward.
+    const int out_w = static_cast<int>(cinfo_.output_width), out_h = static_cast<int>(cinfo_.output_height);
+    const double sx = static_cast<double>(out_w) / in.width, sy = static_cast<double>(out_h) / in.height;
+    const int x0 = denom == 1 ? box.left : static_cast<int>(std::floor(box.left * sx));
+    const int y0 = denom == 1 ? box.top : static_cast<int>(std::floor(box.top * sy));
+    const int x1 = denom == 1 ? box.left + box.width
+                              : std::min(out_w, static_cast<int>(std::ceil((box.left + box.width) * sx)));
+    const int y1 = denom == 1 ? box.top + box.height
+                              : std::min(out_h, static_cast<int>(std::ceil((box.top + box.height) * sy)));
+
+    JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
+    if (x0 != 0 || x1 != out_w) jpeg_crop_scanline(&cinfo_, &xoff, &cw);  // widens to iMCU columns
+    const int comps = cinfo_.output_components;
+    row_.resize(static_cast<size_t>(cinfo_.output_width) * comps);
+    if (y0 > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(y0)) != static_cast<JDIMENSION>(y0))
+      SPINDLE_THROW(DecodeError, "cannot decode JPEG: could not skip to the crop's first row");
+
+    Image& region = (size || denom != 1) ? region_ : out;
+    region.height = y1 - y0;
+    region.width = x1 - x0;
+    region.channels = 3;
+    region.pixels.resize(static_cast<size_t>(region.height) * region.width * 3);
+    const int skip = x0 - static_cast<int>(xoff);
+    const bool adobe_inverted = cmyk && cinfo_.saw_Adobe_marker;
+    for (int y = 0; y < region.height; ++y) {
+      JSAMPROW rows[1] = {row_.data()};
+      if (jpeg_read_scanlines(&cinfo_, rows, 1) != 1)
+        SPINDLE_THROW(DecodeError, "cannot decode JPEG: no scanline " + std::to_string(y0 + y));
+      uint8_t* dst = region.pixels.data() + static_cast<size_t>(y) * region.width * 3;
+      const uint8_t* src = row_.data() + static_cast<size_t>(skip) * comps;
+      if (!cmyk) {
+        std::memcpy(dst, src, static_cast<size_t>(region.width) * 3);
+      } else {
+        cmyk_to_rgb(src, region.width, adobe_inverted, dst);
+      }
+    }
+    // The rows below the crop are never decoded; abort instead of finishing.
+    jpeg_abort_decompress(&cinfo_);
+
+    if (size || denom != 1) {
+      const Size target = size ? *size : Size{box.height, box.width};
+      // The crop's exact position inside the decoded region, in scaled pixels:
+      // for denom 1 it is the whole region (then resize equals PIL's exactly).
+      detail::BoxF fbox{box.top * sy - y0, box.left * sx - x0, box.height * sy, box.width * sx};
+      if (denom == 1) fbox = {0, 0, static_cast<double>(region.height), static_cast<double>(region.width)};
+      detail::resample(region.pixels.data(), region.height, region.width, 3, fbox, target, out);
+    }
+  }
+
+ private:
+  // Reads the headers of `data`; on error longjmps to the caller's setjmp.
+  void start(std::span<const std::byte> data) {
+    jpeg_mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()), static_cast<unsigned long>(data.size()));
+    if (jpeg_read_header(&cinfo_, TRUE) != JPEG_HEADER_OK)
+      SPINDLE_THROW(DecodeError, "cannot decode JPEG: no image in the data (tables only)");
+  }
+
+  ImageInfo info() const {
+    return {static_cast<int>(cinfo_.image_height), static_cast<int>(cinfo_.image_width), cinfo_.num_components,
+            ImageInfo::Format::kJpeg};
+  }
+
+  // CMYK -> RGB as r = (255 - c) * (255 - k) / 255, rounded (the rule of
+  // Pillow's cmyk2rgb; not tested against it). Adobe files store inverted
+  // CMYK, which libjpeg passes through.
+  static void cmyk_to_rgb(const uint8_t* src, int width, bool inverted, uint8_t* dst) {
+    for (int x = 0; x < width; ++x) {
+      int c = src[4 * x], m = src[4 * x + 1], yl = src[4 * x + 2], k = src[4 * x + 3];
+      if (!inverted) {
+        c = 255 - c, m = 255 - m, yl = 255 - yl, k = 255 - k;
+      }
+      auto mul = [](int a, int b) {  // round(a * b / 255), exact for 0..255
+        const int t = a * b + 128;
+        return static_cast<uint8_t>((t + (t >> 8)) >> 8);
+      };
+      dst[3 * x] = mul(c, k);
+      dst[3 * x + 1] = mul(m, k);
+      dst[3 * x + 2] = mul(yl, k);
+    }
+  }
+
+  [[noreturn]] void fail() { SPINDLE_THROW(DecodeError, std::string("cannot decode JPEG: ") + err_.message); }
+
+  jpeg_decompress_struct cinfo_{};
+  JpegErrorManager err_{};
+  bool created_ = false;
+  std::vector<uint8_t> row_;
+  Image region_;
+};
+
+// ---- PNG ---------------------------------------------------------------------
+
+class PngDecoder {
+ public:
+  explicit PngDecoder(std::span<const std::byte> data) : ctx_(spng_ctx_new(0)) {
+    if (!ctx_) throw std::bad_alloc();
+    // Bounds before anything is allocated: the pixel limit, and chunk sizes a
+    // real image never needs (text and metadata chunks of a hostile file).
+    check(spng_set_image_limits(ctx_, 1u << 30, 1u << 30), "limits");
+    check(spng_set_chunk_limits(ctx_, 64u << 20, 64u << 20), "limits");
+    check(spng_set_png_buffer(ctx_, data.data(), data.size()), "reading");
+  }
+  ~PngDecoder() { spng_ctx_free(ctx_); }
+  PngDecoder(const PngDecoder&) = delete;
+  PngDecoder& operator=(const PngDecoder&) = delete;
+
+  ImageInfo probe() {
+    spng_ihdr ihdr{};
+    check(spng_get_ihdr(ctx_, &ihdr), "reading the header");
+    int channels = 3;
+    switch (ihdr.color_type) {
+      case SPNG_COLOR_TYPE_GRAYSCALE: channels = 1; break;
+      case SPNG_COLOR_TYPE_GRAYSCALE_ALPHA: channels = 2; break;
+      case SPNG_COLOR_TYPE_TRUECOLOR_ALPHA: channels = 4; break;
+      default: channels = 3;  // truecolor, indexed (palette of RGB)
+    }
+    return {static_cast<int>(ihdr.height), static_cast<int>(ihdr.width), channels, ImageInfo::Format::kPng};
+  }
+
+  void decode(const std::optional<CropBox>& crop, const std::optional<Size>& size, Image& out) {
+    const ImageInfo in = probe();
+    check_pixels(in.height, in.width, "PNG");
+    const CropBox box = checked_crop(crop, in.height, in.width);
+    const bool whole = box.top == 0 && box.left == 0 && box.height == in.height && box.width == in.width;
+    Image& full = (whole && !size) ? out : full_;
+    size_t bytes = 0;
+    // RGB8: gray is replicated, the palette expanded, alpha dropped (PIL's
+    // convert("RGB")), 16-bit samples reduced to 8 bits by libspng.
+    check(spng_decoded_image_size(ctx_, SPNG_FMT_RGB8, &bytes), "sizing");
+    full.height = in.height;
+    full.width = in.width;
+    full.channels = 3;
+    full.pixels.resize(bytes);
+    check(spng_decode_image(ctx_, full.pixels.data(), bytes, SPNG_FMT_RGB8, 0), "decoding");
+    if (whole && !size) return;
+    if (whole) {
+      detail::resample(full.pixels.data(), full.height, full.width, 3,
+                       {0, 0, static_cast<double>(in.height), static_cast<double>(in.width)}, *size, out);
+      return;
+    }
+    // PIL crops first, so its resize sees no pixels outside the crop: same here.
+    ops::crop(full, box, size ? cropped_ : out);
+    if (size) {
+      detail::resample(cropped_.pixels.data(), cropped_.height, cropped_.width, 3,
+                       {0, 0, static_cast<double>(box.height), static_cast<double>(box.width)}, *size, out);
+    }
+  }
+
+ private:
+  void check(int rc, const char* step) {
+    if (rc != 0) SPINDLE_THROW(DecodeError, std::string("cannot decode PNG (") + step + "): " + spng_strerror(rc));
+  }
+
+  spng_ctx* ctx_;
+  Image full_, cropped_;
+};
+
+}  // namespace
+
+ImageInfo probe(std::span<const std::byte> encoded) {
+  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
+    JpegDecoder dec;
+    return dec.probe(encoded);
+  }
+  PngDecoder dec(encoded);
+  return dec.probe();
+}
+
+void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& crop, const std::optional<Size>& size,
+            Image& out) {
+  check_size(size);
+  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
+    JpegDecoder dec;
+    dec.decode(encoded, crop, size, out);
+    return;
+  }
+  PngDecoder dec(encoded);
+  dec.decode(crop, size, out);
+}
+
+}  // namespace spindle::ops
