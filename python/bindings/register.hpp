@@ -6,4 +6,5 @@ void register_errors(pybind11::module_& m);
 void register_budget(pybind11::module_& m);
 void register_loader(pybind11::module_& m);
 void register_sources(pybind11::module_& m);
+void register_ops(pybind11::module_& m);
 }  // namespace spindle::python

@@ -18,6 +18,7 @@ void register_errors(py::module_& m) {
   static PyObject* timeout = py::object(errors.attr("LoaderTimeoutError")).release().ptr();
   static PyObject* failed = py::object(errors.attr("BatchFailedError")).release().ptr();
   static PyObject* data = py::object(errors.attr("DataError")).release().ptr();
+  static PyObject* decode = py::object(errors.attr("DecodeError")).release().ptr();
   (void)m;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -32,6 +33,8 @@ void register_errors(py::module_& m) {
       PyErr_SetString(timeout, e.what());
     } catch (const DataError& e) {
       PyErr_SetString(data, e.what());
+    } catch (const DecodeError& e) {
+      PyErr_SetString(decode, e.what());
     } catch (const BatchFailedError& e) {
       // The message embeds the worker's report, which the Python layer
       // pickles: decode leniently, the exact bytes travel in `payload`.

@@ -46,6 +46,8 @@ __all__ = [
     "BatchFailedError",
     "WorkerError",
     "DataError",
+    "DecodeError",
+    "ops",
     "ImageFolder",
     "ArraySource",
     "WebDataset",

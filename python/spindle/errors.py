@@ -16,6 +16,7 @@ __all__ = [
     "BatchFailedError",
     "WorkerError",
     "DataError",
+    "DecodeError",
 ]
 
 
@@ -64,4 +65,12 @@ class DataError(SpindleError, ValueError):
 
     The message names the file (shard, key, byte offset) and what to change. A
     :class:`ValueError` too, as Python code expects for bad input.
+    """
+
+
+class DecodeError(SpindleError, ValueError):
+    """Encoded image bytes could not be decoded (truncated, corrupt, empty, not a JPEG/PNG).
+
+    The message carries the decoder's own words (libjpeg-turbo's or libspng's). A
+    ``ValueError`` too, as PIL raises for bad image data.
     """

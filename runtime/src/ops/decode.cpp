@@ -160,8 +160,15 @@ class JpegDecoder {
     const int y1 = denom == 1 ? box.top + box.height
                               : std::min(out_h, static_cast<int>(std::ceil((box.top + box.height) * sy)));
 
-    JDIMENSION xoff = static_cast<JDIMENSION>(x0), cw = static_cast<JDIMENSION>(x1 - x0);
-    if (x0 != 0 || x1 != out_w) jpeg_crop_scanline(&cinfo_, &xoff, &cw);  // widens to iMCU columns
+    // jpeg_crop_scanline moves the left edge down to an iMCU boundary but
+    // leaves the right edge where asked, and the fancy upsampler treats both
+    // edges of the cropped row as image edges (replicating chroma): asking for
+    // kChromaMargin more columns on each side keeps the crop's own columns
+    // interior, so they equal a full decode's.
+    constexpr int kChromaMargin = 2;
+    const int req0 = std::max(0, x0 - kChromaMargin), req1 = std::min(out_w, x1 + kChromaMargin);
+    JDIMENSION xoff = static_cast<JDIMENSION>(req0), cw = static_cast<JDIMENSION>(req1 - req0);
+    if (req0 != 0 || req1 != out_w) jpeg_crop_scanline(&cinfo_, &xoff, &cw);
     const int comps = cinfo_.output_components;
     row_.resize(static_cast<size_t>(cinfo_.output_width) * comps);
     if (y0 > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(y0)) != static_cast<JDIMENSION>(y0))
