@@ -152,7 +152,10 @@ class JpegDecoder {
 
     // The crop in scaled pixels; the region decoded covers it, rounded outward.
     const int out_w = static_cast<int>(cinfo_.output_width), out_h = static_cast<int>(cinfo_.output_height);
-    const double sx = static_cast<double>(out_w) / in.width, sy = static_cast<double>(out_h) / in.height;
+    // Scaled pixel i is the DCT-domain reduction of source pixels [i*d, i*d + d),
+    // so source coordinate x maps to x / d exactly (not out_w / width, which the
+    // rounded-up last column would skew).
+    const double sx = 1.0 / denom, sy = 1.0 / denom;
     const int x0 = denom == 1 ? box.left : static_cast<int>(std::floor(box.left * sx));
     const int y0 = denom == 1 ? box.top : static_cast<int>(std::floor(box.top * sy));
     const int x1 = denom == 1 ? box.left + box.width

@@ -2,8 +2,9 @@
 // bilinear (triangle) filter, restated: per axis, each output sample is a
 // normalized triangle-weighted sum over the input window
 // [center - support, center + support), support = max(1, in/out), with the
-// weights in 22-bit fixed point; the horizontal pass runs first, over only the
-// rows the vertical pass needs, and rounds to uint8 before the vertical pass.
+// weights in 22-bit fixed point; two passes with a uint8 image between them,
+// horizontal first unless the height shrinks much more than the width (the
+// order Pillow 13 picks), each over only the rows/columns the other needs.
 // Keeping every one of these steps is what makes the output byte-equal to PIL's.
 #include "resample.hpp"
 
@@ -97,15 +98,16 @@ void horizontal(const uint8_t* src, int in_w, int ch, int row0, int rows, const 
   }
 }
 
-// src (any rows x row_len bytes) -> dst (out_h x row_len), bounds relative to src row 0.
-void vertical(const uint8_t* src, size_t row_len, const Coeffs& c, int out_h, uint8_t* dst) {
+// src (rows `src_stride` bytes apart; row_len bytes used from each) -> dst
+// (out_h x row_len), bounds relative to src row 0.
+void vertical(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h, uint8_t* dst) {
   std::vector<int32_t> acc(row_len);
   for (int yy = 0; yy < out_h; ++yy) {
     const int ymin = c.bounds[yy * 2], n = c.bounds[yy * 2 + 1];
     const int32_t* k = &c.kk[static_cast<size_t>(yy) * c.ksize];
     std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
     for (int y = 0; y < n; ++y) {
-      const uint8_t* s = src + static_cast<size_t>(ymin + y) * row_len;
+      const uint8_t* s = src + static_cast<size_t>(ymin + y) * src_stride;
       const int32_t w = k[y];
       for (size_t i = 0; i < row_len; ++i) acc[i] += s[i] * w;  // vectorizes
     }
@@ -128,23 +130,40 @@ void resample(const uint8_t* src, int height, int width, int ch, BoxF box, Size 
     std::memcpy(out.pixels.data(), src, out.pixels.size());
     return;
   }
-  Coeffs cv;
+  Coeffs cv, chz;
   precompute(height, box.top, box.top + box.height, ysize, cv);
-  if (need_h) {
-    Coeffs chz;
-    precompute(width, box.left, box.left + box.width, xsize, chz);
+  precompute(width, box.left, box.left + box.width, xsize, chz);
+  const size_t stride = static_cast<size_t>(width) * ch;
+  if (!need_h) {
+    vertical(src, stride, stride, cv, ysize, out.pixels.data());
+    return;
+  }
+  if (!need_v) {
+    horizontal(src, width, ch, 0, height, chz, xsize, out.pixels.data());
+    return;
+  }
+  // Pillow 13 (python-pillow/Pillow#9549) runs the vertical pass first when the
+  // height shrinks by more than twice as many pixels as the width; the passes'
+  // order decides how the uint8 intermediate rounds, so follow it exactly.
+  const bool vertical_first = ysize < box.height && (box.height - ysize) > 2 * (box.width - xsize);
+  if (!vertical_first) {
+    // Horizontal pass over only the rows the vertical pass reads.
     const int first = cv.bounds[0];
     const int last = cv.bounds[ysize * 2 - 2] + cv.bounds[ysize * 2 - 1];
-    if (!need_v) {
-      horizontal(src, width, ch, 0, height, chz, xsize, out.pixels.data());
-      return;
-    }
     for (int i = 0; i < ysize; ++i) cv.bounds[i * 2] -= first;
     std::vector<uint8_t> tmp(static_cast<size_t>(last - first) * xsize * ch);
     horizontal(src, width, ch, first, last - first, chz, xsize, tmp.data());
-    vertical(tmp.data(), static_cast<size_t>(xsize) * ch, cv, ysize, out.pixels.data());
+    vertical(tmp.data(), static_cast<size_t>(xsize) * ch, static_cast<size_t>(xsize) * ch, cv, ysize,
+             out.pixels.data());
   } else {
-    vertical(src, static_cast<size_t>(width) * ch, cv, ysize, out.pixels.data());
+    // Vertical pass over only the columns the horizontal pass reads.
+    const int first = chz.bounds[0];
+    const int last = chz.bounds[xsize * 2 - 2] + chz.bounds[xsize * 2 - 1];
+    for (int i = 0; i < xsize; ++i) chz.bounds[i * 2] -= first;
+    const int cols = last - first;
+    std::vector<uint8_t> tmp(static_cast<size_t>(ysize) * cols * ch);
+    vertical(src + static_cast<size_t>(first) * ch, stride, static_cast<size_t>(cols) * ch, cv, ysize, tmp.data());
+    horizontal(tmp.data(), cols, ch, 0, ysize, chz, xsize, out.pixels.data());
   }
 }
 

@@ -90,8 +90,9 @@ void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& cr
 [[nodiscard]] CropBox center_crop_box(int height, int width, Size size);
 
 // Antialiased bilinear resize, the algorithm of PIL's Image.resize(BILINEAR):
-// separable triangle filter with support max(1, scale), horizontal pass first,
-// 22-bit fixed-point coefficients, uint8 between passes. Equal to PIL's output.
+// separable triangle filter with support max(1, scale), 22-bit fixed-point
+// coefficients, uint8 between the passes, in Pillow 13's pass order. Equal to
+// PIL's output (tests/python/test_ops.py checks it against the installed Pillow).
 void resize(const Image& in, Size size, Image& out);
 
 // Crops `box` out of `in` into `out` (copy).
