@@ -93,14 +93,15 @@ bench: build-cpp install-py
 # build/fuzz/artifacts); `make fuzz-smoke` only replays the committed corpus.
 CLANGXX ?= clang++
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz slot_layout_fuzz tar_reader_fuzz
+FUZZ_TARGETS := index_queue_fuzz batch_ring_fuzz slot_layout_fuzz tar_reader_fuzz image_decode_fuzz
 FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 FUZZ_CXXFLAGS := -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -Wall -Wextra -Iruntime/include
 FUZZ_RUN_FLAGS := -timeout=20 -rss_limit_mb=2048 -max_len=1024 -print_final_stats=1
 # Per-target additions (a later -max_len wins): a tar needs a few 512-byte blocks.
 FUZZ_FLAGS_tar_reader_fuzz := -max_len=8192
-FUZZ_HEADERS := $(wildcard runtime/include/spindle/*.hpp runtime/include/spindle/detail/*.hpp tests/fuzz/*.hpp)
+FUZZ_HEADERS := $(wildcard runtime/include/spindle/*.hpp runtime/include/spindle/detail/*.hpp \
+	runtime/include/spindle/ops/*.hpp runtime/src/ops/*.hpp tests/fuzz/*.hpp)
 
 fuzz-deps: build/fuzz/.deps-ok
 
@@ -112,9 +113,13 @@ build/fuzz/.deps-ok: Makefile
 build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/slot_layout.cpp runtime/src/error.cpp
 build/fuzz/slot_layout_fuzz: runtime/src/slot_layout.cpp runtime/src/error.cpp
 build/fuzz/tar_reader_fuzz: runtime/src/sources/tar_reader.cpp runtime/src/sources/web_dataset.cpp runtime/src/sources/io_util.cpp runtime/src/error.cpp
+build/fuzz/image_decode_fuzz: runtime/src/ops/decode.cpp runtime/src/ops/resample.cpp runtime/src/ops/transforms.cpp \
+	runtime/src/error.cpp
+# Libraries a target links beyond the sanitizer runtimes.
+build/fuzz/image_decode_fuzz: FUZZ_LDLIBS := -ljpeg -lspng
 
 $(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cpp $(FUZZ_HEADERS) build/fuzz/.deps-ok
-	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@
+	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@ $(FUZZ_LDLIBS)
 
 fuzz-build: $(FUZZ_BINS)
 
