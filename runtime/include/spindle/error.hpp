@@ -57,6 +57,9 @@ class BatchFailedError : public std::runtime_error {
 // (shard, key, byte offset) so the user can find and replace it. Distinct from
 // std::invalid_argument, which is for misuse of the API.
 class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Encoded image bytes could not be decoded (truncated, corrupt, empty, not a
 // JPEG/PNG, or over kMaxImagePixels). The message carries the decoder's own.
