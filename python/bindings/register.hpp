@@ -1,10 +1,20 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+
+#include <spindle/worker_pool.hpp>
+
 namespace spindle::python {
+// The interpreter's fork protocol, for every fork made from Python.
+ForkHooks interpreter_fork_hooks();
+// Seconds from Python (0 or inf: forever; NaN or negative: ValueError).
+std::chrono::milliseconds timeout_ms(double timeout);
+
 void register_errors(pybind11::module_& m);
 void register_budget(pybind11::module_& m);
 void register_loader(pybind11::module_& m);
 void register_sources(pybind11::module_& m);
 void register_ops(pybind11::module_& m);
+void register_pipeline(pybind11::module_& m);
 }  // namespace spindle::python

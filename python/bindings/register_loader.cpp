@@ -15,7 +15,6 @@
 namespace py = pybind11;
 
 namespace spindle::python {
-namespace {
 
 // The interpreter's own fork protocol: takes the import lock and the GIL's
 // internals around fork and re-initializes threading state in the child,
@@ -24,6 +23,15 @@ ForkHooks interpreter_fork_hooks() {
   return ForkHooks{[] { PyOS_BeforeFork(); }, [] { PyOS_AfterFork_Parent(); },
                    [] { PyOS_AfterFork_Child(); }};
 }
+
+std::chrono::milliseconds timeout_ms(double timeout) {
+  if (std::isnan(timeout) || timeout < 0)
+    throw py::value_error("spindle: timeout must be a non-negative number of seconds (0 or inf: wait forever)");
+  if (std::isinf(timeout) || timeout * 1000.0 >= 9e15) return std::chrono::milliseconds(0);  // forever
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(timeout * 1000.0)));
+}
+
+namespace {
 
 WorkerMain python_worker_main(py::function fn) {
   return [fn = std::move(fn)](WorkerContext& ctx) -> int {
@@ -118,14 +126,6 @@ std::vector<FieldSpec> field_specs(const std::vector<std::pair<std::string, std:
   specs.reserve(fields.size());
   for (const auto& [dtype, shape] : fields) specs.push_back(FieldSpec{dtype, shape});
   return specs;
-}
-
-std::chrono::milliseconds timeout_ms(double timeout) {
-  if (std::isnan(timeout) || timeout < 0)
-    throw py::value_error("spindle: timeout must be a non-negative number of seconds (0 or inf: wait forever)");
-  if (std::isinf(timeout) || timeout * 1000.0 >= 9e15) return std::chrono::milliseconds(0);  // forever
-  const auto ms = static_cast<int64_t>(std::ceil(timeout * 1000.0));
-  return std::chrono::milliseconds(ms);
 }
 
 }  // namespace

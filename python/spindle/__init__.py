@@ -17,6 +17,7 @@ from ._core import ArraySource, ImageFolder, ThreadBudget, ThreadPlan, WebDatase
 from .errors import (
     BatchFailedError,
     DataError,
+    DecodeError,
     LoaderTimeoutError,
     SharedMemoryError,
     SpindleError,
@@ -31,6 +32,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
+    "Loader",
+    "pipeline",
     "ThreadBudget",
     "ThreadPlan",
     "count_process_threads",
@@ -55,10 +58,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # DataLoader imports numpy, whose OpenBLAS starts its pool at import: loaded
-    # on first use, after a limit_threads(n) that wants to run before it.
-    if name == "DataLoader":
-        from .dataloader import DataLoader
+    # These import numpy, whose OpenBLAS starts its pool at import: loaded on
+    # first use, after a limit_threads(n) that wants to run before it.
+    import importlib
 
-        return DataLoader
+    if name == "DataLoader":
+        return importlib.import_module(".dataloader", __name__).DataLoader
+    if name == "Loader":
+        return importlib.import_module(".pipeline", __name__).Loader
+    if name in ("ops", "pipeline"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spindle' has no attribute {name!r}")

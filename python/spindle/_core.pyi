@@ -4,9 +4,10 @@ spindle's C++ runtime (private; use the spindle package).
 from __future__ import annotations
 import collections.abc
 import numpy
+import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'count_process_threads', 'gather_rows']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -317,16 +318,165 @@ class WebDataset:
     @property
     def shards(self) -> list[str]:
         ...
+class RandomResizedCrop:
+    def __init__(self) -> None:
+        ...
+    @property
+    def ratio(self) -> tuple[float, float]:
+        ...
+    @ratio.setter
+    def ratio(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def scale(self) -> tuple[float, float]:
+        ...
+    @scale.setter
+    def scale(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+    @size.setter
+    def size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class OnError:
+    """
+    Members:
+    
+      RAISE
+    
+      SKIP
+    """
+    RAISE: typing.ClassVar[OnError]
+    SKIP: typing.ClassVar[OnError]
+    __members__: typing.ClassVar[dict[str, OnError]]
+    @typing.overload
+    def __eq__(self, other: OnError) -> bool:
+        ...
+    @typing.overload
+    def __eq__(self, other: typing.Any) -> bool:
+        ...
+    def __getstate__(self) -> int:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __index__(self) -> int:
+        ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def __int__(self) -> int:
+        ...
+    @typing.overload
+    def __ne__(self, other: OnError) -> bool:
+        ...
+    @typing.overload
+    def __ne__(self, other: typing.Any) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def __str__(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def value(self) -> int:
+        ...
+class PipelineOptions:
+    """
+    What a native pipeline reads and does (see pipeline.hpp).
+    """
+    chw: bool
+    decode: bool
+    image_folder: str
+    npy: str
+    on_error: OnError
+    random_resized_crop: RandomResizedCrop | None
+    def __init__(self) -> None:
+        ...
+    @property
+    def center_crop(self) -> int | None:
+        ...
+    @center_crop.setter
+    def center_crop(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def flip_probability(self) -> float:
+        ...
+    @flip_probability.setter
+    def flip_probability(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_skip_ratio(self) -> float:
+        ...
+    @max_skip_ratio.setter
+    def max_skip_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def normalize(self) -> tuple[typing.Annotated[list[float], "FixedSize(3)"], typing.Annotated[list[float], "FixedSize(3)"]] | None:
+        ...
+    @normalize.setter
+    def normalize(self, arg0: tuple[typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"]] | None) -> None:
+        ...
+    @property
+    def resize_shorter(self) -> int | None:
+        ...
+    @resize_shorter.setter
+    def resize_shorter(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+        ...
+class Pipeline:
+    def __init__(self, options: PipelineOptions) -> None:
+        ...
+    def __len__(self) -> int:
+        ...
+    def fields(self) -> list:
+        """
+        (dtype string, per-sample shape) of the batch's fields: image, label.
+        """
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
+    """
+def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
+    """
+    CenterCrop's box (top, left, h, w), clamped to the image.
     """
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
     Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.
     """
+def decode_image(data: typing_extensions.Buffer, crop: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None) -> numpy.ndarray:
+    """
+    Decodes a JPEG or PNG (crop (top, left, h, w), then resize to (h, w)) to an (H, W, 3) uint8 array.
+    """
 def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
     Copies C-contiguous buffers of row_bytes each into consecutive rows of dst with streaming stores; False (nothing copied) if a row is not such a buffer.
+    """
+def hflip(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy.ndarray:
+    """
+    A left-right mirrored copy of an (H, W, C) uint8 array.
+    """
+def image_info(data: typing_extensions.Buffer) -> tuple[int, int, int, str]:
+    """
+    (height, width, channels, format) from the headers only.
+    """
+def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], std: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], chw: bool = False) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    (x / 255 - mean) / std as float32, (H, W, C) or with chw (C, H, W).
+    """
+def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batch_size: typing.SupportsInt | typing.SupportsIndex, drop_last: bool = False, num_workers: typing.SupportsInt | typing.SupportsIndex, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> Loader:
+    """
+    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
+    """
+def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
+    """
+    torchvision RandomResizedCrop's box (top, left, h, w), drawn from (seed, epoch, index).
+    """
+def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> numpy.ndarray:
+    """
+    PIL-equal antialiased bilinear resize of an (H, W, C) uint8 array.
     """
 MIN_SLOT_BYTES: int = 65536

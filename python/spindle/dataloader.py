@@ -204,9 +204,11 @@ class _WorkerIterator:
     """
 
     def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Lease], Any], *, owns: bool,
-                 owner: Optional[Any] = None, epoch: int = 0) -> None:
+                 owner: Optional[Any] = None, epoch: int = 0,
+                 reraise: Optional[Callable[[BatchFailedError], BaseException]] = None) -> None:
         self._loader = runtime
         self._decode = decode
+        self._reraise = reraise or _reraise  # a failed batch's report -> the exception to raise
         self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
         self._owns = owns
         self._owner = owner
@@ -233,7 +235,7 @@ class _WorkerIterator:
         try:
             lease = self._loader.next()
         except BatchFailedError as failed:
-            raise _reraise(failed) from None
+            raise self._reraise(failed) from None
         except KeyboardInterrupt:
             # Ctrl-C while waiting: stop the workers before the interrupt
             # unwinds (a training script that catches it must not keep them).

@@ -25,6 +25,7 @@ namespace {
 struct Grant {
   int extra = 0;
   int limit = 0;
+  bool workers = false;  // threads-mode workers: counted in full, outside the shared cap
 };
 
 // Everything below is guarded by `mu`: leases are taken and dropped from any
@@ -68,13 +69,17 @@ void resize(State& s) {
     s.arena.reset();
     return;
   }
-  long long sum = 0;
+  long long sum = 0, workers = 0;
   int limit = INT_MAX;
   for (const auto& [id, g] : s.grants) {
+    if (g.workers) {
+      workers += g.extra;
+      continue;
+    }
     sum += g.extra;
     limit = std::min(limit, g.limit);
   }
-  const int extra = static_cast<int>(std::clamp<long long>(sum, 0, std::max(0, limit)));
+  const int extra = static_cast<int>(std::clamp<long long>(sum, 0, std::max(0, limit)) + workers);
   if (s.control && extra == s.extra) return;
   // The new cap exists before the old one goes: TBB applies the smallest
   // live global_control, so the cap is never lifted in between.
@@ -131,14 +136,18 @@ Arena& Arena::global() {
   return a;
 }
 
-ArenaLease Arena::lease(int extra_threads, int limit) {
+ArenaLease Arena::lease(int extra_threads, int limit) { return take(extra_threads, limit, false); }
+
+ArenaLease Arena::lease_workers(int threads) { return take(threads, 0, true); }
+
+ArenaLease Arena::take(int extra_threads, int limit, bool workers) {
   State& s = state();
   std::lock_guard lock(s.mu);
   const pid_t me = getpid();
   adopt(s, me);
   const int extra = std::max(0, extra_threads);
   const uint64_t id = s.next_id++;
-  s.grants[id] = Grant{extra, std::max(0, limit)};
+  s.grants[id] = Grant{extra, std::max(0, limit), workers};
   try {
     resize(s);
   } catch (...) {

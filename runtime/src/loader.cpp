@@ -200,9 +200,8 @@ void Loader::prepare(bool threads) {
   plan_ = ThreadBudget(sources).plan(options.num_workers);
   // Threads mode: the workers are arena threads, on top of what the plan
   // grants for copy-out.
-  arena_lease_ = threads ? Arena::global().lease(options.num_workers + plan_.arena_threads,
-                                                 options.num_workers + plan_.arena_limit)
-                         : Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
+  arena_lease_ = Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
+  if (threads) worker_lease_ = Arena::global().lease_workers(options.num_workers);
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);

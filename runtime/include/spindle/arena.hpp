@@ -89,6 +89,10 @@ class Arena {
   // A running parallel call keeps the arena it started in; the new size takes
   // effect for the next call.
   [[nodiscard]] ArenaLease lease(int extra_threads, int limit);
+  // Adds `threads` for a loader's workers in threads mode (Loader with
+  // ArenaThreads): counted in full, on top of the capped sum above, since
+  // they replace worker processes the budget already counted.
+  [[nodiscard]] ArenaLease lease_workers(int threads);
   // Extra threads the arena runs now: the capped sum of the live leases.
   int extra_threads() const noexcept;
 
@@ -107,6 +111,7 @@ class Arena {
  private:
   friend class ArenaLease;
   Arena() = default;
+  ArenaLease take(int extra_threads, int limit, bool workers);
   void release(const ArenaLease& lease) noexcept;
 };
 

@@ -178,7 +178,8 @@ class Loader {
 
   LoaderOptions options_;
   ThreadPlan plan_;
-  ArenaLease arena_lease_;  // plan_.arena_threads, held while the loader lives
+  ArenaLease arena_lease_;   // plan_.arena_threads, held while the loader lives
+  ArenaLease worker_lease_;  // threads mode: the worker threads
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;      // worker processes, or

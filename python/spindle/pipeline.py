@@ -1,0 +1,266 @@
+"""Native pipelines: decode and augment in C++, batches straight into shared memory.
+
+    pipe = (spindle.pipeline.image_folder(root)   # or spindle.pipeline.arrays("images.npy")
+            .decode()                             # RGB uint8
+            .random_resized_crop(224)
+            .random_flip()
+            .batch(64))
+    for b in spindle.Loader(pipe, num_workers=2, shuffle=True, seed=0):   # mode="processes" | "threads"
+        b["image"]   # (64, 224, 224, 3) uint8, zero-copy; b["label"] (64,) int64
+
+No Python runs per sample: the workers are forked processes running C++
+(``mode="processes"``, isolation from a crashing decoder) or threads of the
+one arena in this process (``mode="threads"``, no fork), within the same
+thread budget, giving the same batches bit for bit. Every random draw comes
+from (seed, epoch, sample index), so batches do not depend on the worker count
+or the mode. The ops run in a fixed order (decode, crop, resize, flip,
+normalize) whatever order the builder calls come in; see docs/native.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+from . import _core
+from ._forking import forking
+from .dataloader import _WorkerIterator
+from .errors import DataError, DecodeError, SpindleError
+
+__all__ = ["Pipeline", "image_folder", "arrays", "Loader"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """A native pipeline: a source and its ops. Build it with :func:`image_folder`
+    or :func:`arrays` and the methods below; each returns a new Pipeline."""
+
+    source: tuple[str, str]  # ("image_folder", root) or ("npy", path)
+    decoded: bool = False
+    rrc: Optional[tuple[int, tuple[float, float], tuple[float, float]]] = None
+    shorter: Optional[int] = None
+    center: Optional[int] = None
+    flip: float = 0.0
+    norm: Optional[tuple[tuple[float, ...], tuple[float, ...], bool]] = None
+    errors: tuple[str, float] = ("raise", 0.05)
+    batch_size: int = 1
+    drop_last: bool = False
+
+    def decode(self) -> "Pipeline":
+        """Decodes JPEG/PNG files to RGB uint8 (fused with the crop that follows)."""
+        return dataclasses.replace(self, decoded=True)
+
+    def random_resized_crop(self, size: int, scale: tuple[float, float] = (0.08, 1.0),
+                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> "Pipeline":
+        """torchvision's RandomResizedCrop: a random area fraction in `scale` and aspect in
+        `ratio` (log-uniform), 10 tries then a center crop, resized to size x size."""
+        return dataclasses.replace(self, rrc=(int(size), tuple(map(float, scale)), tuple(map(float, ratio))))
+
+    def resize(self, shorter: int) -> "Pipeline":
+        """torchvision's Resize(int): the shorter side to `shorter`, keeping the aspect (antialiased)."""
+        return dataclasses.replace(self, shorter=int(shorter))
+
+    def center_crop(self, size: int) -> "Pipeline":
+        """torchvision's CenterCrop(size)."""
+        return dataclasses.replace(self, center=int(size))
+
+    def random_flip(self, p: float = 0.5) -> "Pipeline":
+        """Horizontal flip with probability p."""
+        return dataclasses.replace(self, flip=float(p))
+
+    def normalize(self, mean: Sequence[float], std: Sequence[float], layout: str = "HWC") -> "Pipeline":
+        """float32 (x / 255 - mean) / std per channel; layout "HWC" or "CHW"."""
+        if layout not in ("HWC", "CHW"):
+            raise ValueError(f"layout must be 'HWC' or 'CHW', not {layout!r}")
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError("normalize needs 3 means and 3 stds (RGB)")
+        return dataclasses.replace(self, norm=(tuple(map(float, mean)), tuple(map(float, std)), layout == "CHW"))
+
+    def on_error(self, policy: str = "raise", max_ratio: float = 0.05) -> "Pipeline":
+        """'raise' (default): a bad file fails its batch, naming the file and the decoder's message.
+        'skip': it is replaced by a good sample of its batch and counted; the loader raises once
+        skips exceed `max_ratio` of the samples seen (judged from the 100th sample on, and at
+        the end of each epoch)."""
+        if policy not in ("raise", "skip"):
+            raise ValueError(f"on_error policy must be 'raise' or 'skip', not {policy!r}")
+        return dataclasses.replace(self, errors=(policy, float(max_ratio)))
+
+    def batch(self, batch_size: int, drop_last: bool = False) -> "Pipeline":
+        """Samples per batch."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size should be >= 1, got {batch_size}")
+        return dataclasses.replace(self, batch_size=int(batch_size), drop_last=bool(drop_last))
+
+    def options(self) -> _core.PipelineOptions:
+        """The runtime's PipelineOptions for this pipeline."""
+        o = _core.PipelineOptions()
+        kind, where = self.source
+        if kind == "image_folder":
+            o.image_folder = where
+        else:
+            o.npy = where
+        o.decode = self.decoded
+        if self.rrc is not None:
+            crop = _core.RandomResizedCrop()
+            crop.size, crop.scale, crop.ratio = self.rrc
+            o.random_resized_crop = crop
+        o.resize_shorter = self.shorter
+        o.center_crop = self.center
+        o.flip_probability = self.flip
+        if self.norm is not None:
+            mean, std, chw = self.norm
+            o.normalize = (list(mean), list(std))
+            o.chw = chw
+        o.on_error = _core.OnError.SKIP if self.errors[0] == "skip" else _core.OnError.RAISE
+        o.max_skip_ratio = self.errors[1]
+        return o
+
+
+def image_folder(root: str | os.PathLike) -> Pipeline:
+    """Images in ImageNet layout: root/<class>/<file>.{jpg,jpeg,png}; the label is the class's
+    index among the sorted class folders (torchvision's ImageFolder rule)."""
+    return Pipeline(("image_folder", os.fspath(root)))
+
+
+def arrays(path: str | os.PathLike) -> Pipeline:
+    """uint8 images [N, H, W, 3] in a .npy file, memory-mapped (labels are -1)."""
+    return Pipeline(("npy", os.fspath(path)))
+
+
+class Loader:
+    """Iterates a native :class:`Pipeline` in batches of ``{"image": ..., "label": ...}``.
+
+    Args:
+        pipeline: what to read and do.
+        num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
+        shuffle: a new permutation every epoch, from (seed, epoch).
+        seed: makes order and augmentation reproducible; None draws fresh entropy per epoch.
+        mode: "processes" (forked C++ workers, isolated from a crashing decoder) or "threads"
+            (no fork; the arena's threads in this process).
+        timeout: seconds to wait for a batch (0 or inf: forever).
+        prefetch_factor: batches in flight per worker.
+        max_threads: cap on the tasks the loader adds, on top of ulimit -u and pids.max.
+
+    Batches are numpy arrays viewing shared memory (zero-copy; ``torch.from_dlpack`` and
+    ``jax.dlpack`` take them without copying) and stay valid as long as you keep them.
+    """
+
+    def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
+                 seed: Optional[int] = None, mode: str = "processes", timeout: float = 0,
+                 prefetch_factor: int = 2, max_threads: Optional[int] = None) -> None:
+        if mode not in ("processes", "threads"):
+            raise ValueError(f"mode must be 'processes' or 'threads', not {mode!r}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers should be >= 1, got {num_workers}")
+        if not timeout >= 0:
+            raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
+        self.pipeline = pipeline
+        self.num_workers = int(num_workers)
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.mode = mode
+        self.timeout = float(timeout)
+        self.prefetch_factor = int(prefetch_factor)
+        self.max_threads = max_threads
+        self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
+        self._epoch = 0
+        self._entropy = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+
+    def __len__(self) -> int:
+        n, b = len(self._native), self.pipeline.batch_size
+        return n // b if self.pipeline.drop_last else -(-n // b)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration runs (order and augmentation derive from it)."""
+        self._epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        epoch = self._epoch
+        self._epoch += 1
+        n = len(self._native)
+        rng = np.random.default_rng([self._entropy, epoch])
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        if len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size):
+            return iter(())
+        kwargs = dict(pipeline=self._native, order=order, batch_size=self.pipeline.batch_size,
+                      drop_last=self.pipeline.drop_last, num_workers=self.num_workers,
+                      threads=self.mode == "threads", seed=self._entropy, epoch=epoch,
+                      prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads)
+        if self.mode == "threads":
+            runtime = _core.pipeline_loader(**kwargs)
+        else:
+            with forking():
+                runtime = _core.pipeline_loader(**kwargs)
+        return _SkipCounting(_WorkerIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
+                             self.pipeline.errors[1])
+
+
+def _native_error(failed: Any) -> BaseException:
+    """A native worker's report ("Kind\\nmessage") as that kind of exception."""
+    kind, _, message = failed.payload.decode(errors="replace").partition("\n")
+    where = f" (worker {failed.worker_id}, pid {failed.pid}, batch {failed.batch_id})"
+    cls = {"DecodeError": DecodeError, "DataError": DataError}.get(kind, SpindleError)
+    return cls(message + where)
+
+
+def _decode_fields(lease: Any) -> dict[str, Any]:
+    image, label = lease.arrays()
+    batch = {"image": image, "label": label}
+    if lease.structure:
+        batch["_note"] = lease.structure.decode()
+    return batch
+
+
+class _SkipCounting:
+    """Counts samples that on_error='skip' replaced; raises once they exceed the ratio."""
+
+    def __init__(self, it: _WorkerIterator, max_ratio: float) -> None:
+        self._it = it
+        self._max_ratio = max_ratio
+        self.samples = 0
+        self.skipped = 0
+        self.reasons: dict[str, int] = {}
+
+    def __iter__(self) -> "_SkipCounting":
+        return self
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._it.worker_pids
+
+    def close(self) -> None:
+        self._it.close()
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        try:
+            batch = self._it.__next__()
+        except StopIteration:
+            self._check(final=True)
+            raise
+        note = batch.pop("_note", "")
+        self.samples += len(batch["label"])
+        if note:
+            fields = dict(part.split("=", 1) for part in note.split(";") if "=" in part)
+            count = int(fields.get("skipped", 0))
+            self.skipped += count
+            reason = fields.get("reason", "unknown")
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
+            self._check(final=False)
+            warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: {reason}", RuntimeWarning,
+                          stacklevel=2)
+        return batch
+
+    def _check(self, final: bool) -> None:
+        # Judged from the 100th sample on (one bad file in a first small batch is
+        # no trend), and at the end of the epoch.
+        if (final or self.samples >= 100) and self.skipped > self._max_ratio * max(self.samples, 1):
+            self._it.close()
+            raise SpindleError(
+                f"spindle: {self.skipped} of {self.samples} samples could not be read and were skipped, more "
+                f"than max_ratio={self._max_ratio}; by reason: {self.reasons}. Fix or remove the files, or raise "
+                "the ratio with .on_error('skip', max_ratio=...).")

@@ -1,0 +1,104 @@
+#pragma once
+// Pipeline: a native input pipeline — a source of encoded samples, decoding
+// and augmentation in C++ — producing batches of typed fields:
+//
+//   "image"  uint8 [H, W, 3] (or float32 [H, W, 3] / [3, H, W] after normalize)
+//   "label"  int64 []
+//
+// It runs the same way in a forked worker (processes mode: Loader with
+// pipeline_worker()) and on the arena's threads in the consumer (threads
+// mode: ThreadLoader), and gives the same bytes either way: every random draw
+// comes from Rng(seed, epoch, sample index), never from a stream that depends
+// on which worker or thread ran the sample, or in what order.
+//
+// The ops run in one fixed order: decode, then a crop (random-resized or
+// center) fused into the decode when it follows it directly, then resize,
+// flip, normalize. A sample that cannot be read or decoded fails its batch
+// with the file (or shard and key) and the decoder's message; with
+// on_error=kSkip it is replaced by the next good sample of its batch's
+// neighbourhood and counted, and the loader raises once skips exceed
+// max_skip_ratio of the samples seen.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <spindle/slot_layout.hpp>
+#include <spindle/worker_context.hpp>
+
+namespace spindle {
+
+struct PipelineOptions {
+  // The source: exactly one of these.
+  std::string image_folder;  // ImageNet layout: root/<class>/<file>
+  std::string npy;           // a .npy of images [N, H, W, C] uint8 (memory-mapped); labels none (-1)
+
+  bool decode = false;  // encoded bytes -> RGB uint8 (needed for image folders)
+  struct RandomResizedCrop {
+    int size = 224;
+    std::pair<double, double> scale{0.08, 1.0};
+    std::pair<double, double> ratio{3.0 / 4.0, 4.0 / 3.0};
+  };
+  std::optional<RandomResizedCrop> random_resized_crop;
+  std::optional<int> resize_shorter;  // torchvision Resize(int): shorter side to this, keeping the aspect
+  std::optional<int> center_crop;     // torchvision CenterCrop(int)
+  double flip_probability = 0.0;      // horizontal flip
+  std::optional<std::pair<std::array<float, 3>, std::array<float, 3>>> normalize;  // mean, std (of x/255)
+  bool chw = false;                   // with normalize: [3, H, W] instead of [H, W, 3]
+
+  enum class OnError { kRaise, kSkip } on_error = OnError::kRaise;
+  double max_skip_ratio = 0.05;
+};
+
+// What went wrong with one sample (kept by a worker; the consumer raises it).
+struct SampleError {
+  int64_t index = -1;
+  std::string origin;   // file path, or shard:key
+  std::string message;  // the decoder's or reader's words
+};
+
+class Pipeline {
+ public:
+  explicit Pipeline(PipelineOptions options);
+  ~Pipeline();
+  Pipeline(Pipeline&&) noexcept;
+  Pipeline& operator=(Pipeline&&) noexcept;
+
+  std::size_t size() const noexcept;  // samples in the source
+  const PipelineOptions& options() const noexcept { return options_; }
+  // The batch's fields for up to `capacity` samples: image, label.
+  SlotLayout layout(uint32_t capacity) const;
+
+  // Produces sample `index` of epoch `epoch` into row `row` of a payload laid
+  // out by layout(). Throws SampleError-carrying spindle::DecodeError /
+  // DataError on bad input (the caller decides: fail or skip).
+  void produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
+               std::size_t row) const;
+
+ private:
+  struct Impl;
+  PipelineOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What fill_batch skipped (on_error=kSkip): how many samples, and the first reason.
+struct Skips {
+  std::size_t count = 0;
+  std::string first_reason;
+};
+
+// Fills rows of a batch: produce() for each index, applying on_error. With
+// kSkip a bad row becomes a copy of the nearest good row of the same batch;
+// throws the first error with kRaise, or if no row of the batch is good.
+Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_t seed, uint64_t epoch,
+                 const SlotLayout& layout, std::span<std::byte> payload);
+
+// The worker body for processes mode: claims items and fills them. The seed
+// and epoch of each batch travel in the slot (see LoaderOptions).
+WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
+
+}  // namespace spindle

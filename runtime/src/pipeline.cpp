@@ -1,0 +1,253 @@
+#include <spindle/pipeline.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include <spindle/error.hpp>
+#include <spindle/ops/image_ops.hpp>
+#include <spindle/sources.hpp>
+
+namespace spindle {
+
+struct Pipeline::Impl {
+  std::optional<ImageFolder> folder;
+  std::optional<ArraySource> arrays;
+  int out_h = 0, out_w = 0;  // the image field's height and width
+};
+
+namespace {
+
+// The output size the ops produce, known without reading a sample: the crop's
+// size, else (for arrays without ops) the array's row shape.
+std::pair<int, int> output_size(const PipelineOptions& o, const std::optional<ArraySource>& arrays) {
+  if (o.random_resized_crop) return {o.random_resized_crop->size, o.random_resized_crop->size};
+  if (o.center_crop) return {*o.center_crop, *o.center_crop};
+  if (arrays && !o.resize_shorter) {
+    const auto shape = arrays->row_shape();
+    if (shape.size() == 3 && shape[2] == 3) return {static_cast<int>(shape[0]), static_cast<int>(shape[1])};
+  }
+  SPINDLE_THROW(std::invalid_argument,
+                "spindle: a pipeline's images must all come out the same size to be batched: add "
+                "random_resized_crop(size) or center_crop(size) after decode (or resize_shorter + center_crop)");
+}
+
+// Decoded image (possibly cropped and resized in the decoder) for one sample.
+void decode_sample(const PipelineOptions& o, std::span<const std::byte> bytes, ops::Rng& rng, ops::Image& img) {
+  if (o.random_resized_crop) {
+    const ops::ImageInfo info = ops::probe(bytes);
+    const ops::CropBox box = ops::random_resized_crop_box(info.height, info.width, rng, o.random_resized_crop->scale,
+                                                          o.random_resized_crop->ratio);
+    const int s = o.random_resized_crop->size;
+    ops::decode(bytes, box, ops::Size{s, s}, img);  // fused: only the box, DCT-scaled when much larger
+    return;
+  }
+  if (o.center_crop && !o.resize_shorter) {
+    const ops::ImageInfo info = ops::probe(bytes);
+    const int s = *o.center_crop;
+    ops::decode(bytes, ops::center_crop_box(info.height, info.width, ops::Size{s, s}), std::nullopt, img);
+    return;
+  }
+  ops::decode(bytes, std::nullopt, std::nullopt, img);
+}
+
+// Resize so the shorter side is `shorter` (torchvision Resize(int)).
+void resize_shorter(ops::Image& img, int shorter) {
+  const int h = img.height, w = img.width;
+  const ops::Size size = h <= w ? ops::Size{shorter, std::max(1, static_cast<int>(int64_t{w} * shorter / h))}
+                                : ops::Size{std::max(1, static_cast<int>(int64_t{h} * shorter / w)), shorter};
+  ops::Image out;
+  ops::resize(img, size, out);
+  img = std::move(out);
+}
+
+void center_crop(ops::Image& img, int size) {
+  const ops::CropBox box = ops::center_crop_box(img.height, img.width, ops::Size{size, size});
+  ops::Image out;
+  out.height = box.height;
+  out.width = box.width;
+  out.channels = img.channels;
+  out.pixels.resize(static_cast<std::size_t>(box.height) * box.width * img.channels);
+  const std::size_t row = static_cast<std::size_t>(box.width) * img.channels;
+  for (int y = 0; y < box.height; ++y)
+    std::memcpy(out.pixels.data() + y * row,
+                img.pixels.data() + (static_cast<std::size_t>(box.top + y) * img.width + box.left) * img.channels, row);
+  img = std::move(out);
+}
+
+}  // namespace
+
+Pipeline::Pipeline(PipelineOptions options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  const PipelineOptions& o = options_;
+  if (o.image_folder.empty() == o.npy.empty())
+    SPINDLE_THROW(std::invalid_argument, "spindle: a pipeline needs exactly one source (image_folder or npy)");
+  if (!o.image_folder.empty()) {
+    impl_->folder.emplace(o.image_folder);
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
+  } else {
+    impl_->arrays.emplace(ArraySource::from_npy(o.npy));
+    if (impl_->arrays->dtype() != "|u1")
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + impl_->arrays->dtype() +
+                                               "; the image pipeline reads uint8 images [N, H, W, 3]");
+    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
+  }
+  if (o.random_resized_crop && o.center_crop)
+    SPINDLE_THROW(std::invalid_argument, "spindle: choose random_resized_crop or center_crop, not both");
+  if (o.normalize) {
+    for (float s : o.normalize->second)
+      if (!(s > 0)) SPINDLE_THROW(std::invalid_argument, "spindle: normalize needs std > 0");
+  }
+  std::tie(impl_->out_h, impl_->out_w) = output_size(o, impl_->arrays);
+}
+
+Pipeline::~Pipeline() = default;
+Pipeline::Pipeline(Pipeline&&) noexcept = default;
+Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
+
+std::size_t Pipeline::size() const noexcept {
+  return impl_->folder ? impl_->folder->size() : impl_->arrays->size();
+}
+
+SlotLayout Pipeline::layout(uint32_t capacity) const {
+  const int64_t h = impl_->out_h, w = impl_->out_w;
+  FieldSpec image;
+  if (options_.normalize) {
+    image.dtype = "<f4";
+    image.shape = options_.chw ? std::vector<int64_t>{3, h, w} : std::vector<int64_t>{h, w, 3};
+  } else {
+    image.dtype = "|u1";
+    image.shape = {h, w, 3};
+  }
+  return SlotLayout({image, FieldSpec{"<i8", {}}}, capacity);
+}
+
+void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
+                       std::span<std::byte> payload, std::size_t row) const {
+  const PipelineOptions& o = options_;
+  ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
+  ops::Image img;
+  int64_t label = -1;
+  if (impl_->folder) {
+    const Record rec = impl_->folder->read(static_cast<std::size_t>(index));
+    label = rec.label;
+    try {
+      decode_sample(o, rec.data, rng, img);
+    } catch (const std::exception& e) {
+      SPINDLE_THROW(DecodeError, "spindle: cannot decode sample " + std::to_string(index) + " (" + rec.origin +
+                                     "): " + e.what());
+    }
+  } else {
+    const auto shape = impl_->arrays->row_shape();
+    const auto bytes = impl_->arrays->row(static_cast<std::size_t>(index));
+    img.height = static_cast<int>(shape[0]);
+    img.width = static_cast<int>(shape[1]);
+    img.channels = 3;
+    img.pixels.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
+                      reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+    if (o.random_resized_crop) {
+      const ops::CropBox b = ops::random_resized_crop_box(img.height, img.width, rng, o.random_resized_crop->scale,
+                                                          o.random_resized_crop->ratio);
+      ops::Image crop;
+      crop.height = b.height;
+      crop.width = b.width;
+      crop.pixels.resize(static_cast<std::size_t>(b.height) * b.width * 3);
+      for (int y = 0; y < b.height; ++y)
+        std::memcpy(crop.pixels.data() + static_cast<std::size_t>(y) * b.width * 3,
+                    img.pixels.data() + (static_cast<std::size_t>(b.top + y) * img.width + b.left) * 3,
+                    static_cast<std::size_t>(b.width) * 3);
+      ops::Image out;
+      ops::resize(crop, ops::Size{o.random_resized_crop->size, o.random_resized_crop->size}, out);
+      img = std::move(out);
+    }
+  }
+  if (o.resize_shorter) resize_shorter(img, *o.resize_shorter);
+  if (o.center_crop && (img.height != *o.center_crop || img.width != *o.center_crop)) center_crop(img, *o.center_crop);
+  // The flip draw comes after the crop's draws: same sequence in every mode.
+  if (o.flip_probability > 0 && rng.uniform() < o.flip_probability) ops::hflip(img);
+  if (img.height != impl_->out_h || img.width != impl_->out_w)
+    SPINDLE_THROW(std::logic_error, "spindle: sample " + std::to_string(index) + " came out " +
+                                        std::to_string(img.height) + "x" + std::to_string(img.width) + ", not " +
+                                        std::to_string(impl_->out_h) + "x" + std::to_string(impl_->out_w) +
+                                        " (bug in spindle's pipeline)");
+  if (o.normalize) {
+    std::span<float> out = layout.view<float>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
+    ops::normalize(img, o.normalize->first, o.normalize->second, o.chw, out);
+  } else {
+    std::span<uint8_t> out = layout.view<uint8_t>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
+    std::memcpy(out.data(), img.pixels.data(), img.pixels.size());
+  }
+  layout.view<int64_t>(payload, 1)[row] = label;
+}
+
+Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_t seed, uint64_t epoch,
+                 const SlotLayout& layout, std::span<std::byte> payload) {
+  const bool skip = pipe.options().on_error == PipelineOptions::OnError::kSkip;
+  std::vector<std::size_t> bad;
+  std::string first_error;
+  for (std::size_t row = 0; row < indices.size(); ++row) {
+    try {
+      pipe.produce(indices[row], seed, epoch, layout, payload, row);
+    } catch (const std::exception& e) {
+      if (!skip) throw;
+      if (first_error.empty()) first_error = e.what();
+      bad.push_back(row);
+    }
+  }
+  if (bad.empty()) return {};
+  // Replace each bad row by a copy of a good row of the same batch (the
+  // nearest before it, else after): deterministic, whatever the mode.
+  std::vector<bool> is_bad(indices.size(), false);
+  for (std::size_t r : bad) is_bad[r] = true;
+  std::size_t good = indices.size();
+  for (std::size_t r = 0; r < indices.size(); ++r)
+    if (!is_bad[r]) {
+      good = r;
+      break;
+    }
+  if (good == indices.size())
+    SPINDLE_THROW(DecodeError, "spindle: every sample of a batch failed (on_error='skip' needs one good sample "
+                               "to stand in); the first: " + first_error);
+  for (std::size_t r : bad) {
+    std::size_t src = good;
+    for (std::size_t k = r; k-- > 0;)
+      if (!is_bad[k]) {
+        src = k;
+        break;
+      }
+    for (std::size_t f = 0; f < layout.num_fields(); ++f) {
+      std::byte* block = payload.data() + layout.offset(f);
+      std::memcpy(block + r * layout.row_bytes(f), block + src * layout.row_bytes(f), layout.row_bytes(f));
+    }
+  }
+  return Skips{bad.size(), first_error};
+}
+
+WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
+  return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
+    std::optional<SlotLayout> layout;
+    while (auto item = ctx.claim()) {
+      try {
+        if (!layout) layout.emplace(pipe->layout(ctx.ring().geometry().batch_capacity));
+        std::span<std::byte> out = ctx.begin_arrays(*item, *layout, "");
+        const Skips skips = fill_batch(*pipe, item->indices, seed, epoch, *layout, out);
+        if (skips.count) {  // the structure bytes carry them to the consumer's ratio check
+          std::string reason = skips.first_reason.substr(0, 1000);
+          std::replace(reason.begin(), reason.end(), ';', ',');
+          const std::string note = "skipped=" + std::to_string(skips.count) + ";reason=" + reason;
+          write_arrays_descriptor(ctx.ring().descriptor(item->slot), *layout, note);
+        }
+        ctx.commit(*item);
+      } catch (const DecodeError& e) {  // report: the error's kind, a newline, its message
+        ctx.fail(*item, std::string("DecodeError\n") + e.what());
+      } catch (const DataError& e) {
+        ctx.fail(*item, std::string("DataError\n") + e.what());
+      } catch (const std::exception& e) {
+        ctx.fail(*item, std::string("RuntimeError\n") + e.what());
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace spindle
