@@ -26,6 +26,7 @@ void register_pipeline(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("image_folder", &PipelineOptions::image_folder)
       .def_readwrite("npy", &PipelineOptions::npy)
+      .def_readwrite("webdataset", &PipelineOptions::webdataset)
       .def_readwrite("decode", &PipelineOptions::decode)
       .def_readwrite("random_resized_crop", &PipelineOptions::random_resized_crop)
       .def_readwrite("resize_shorter", &PipelineOptions::resize_shorter)
@@ -39,6 +40,7 @@ void register_pipeline(py::module_& m) {
   py::class_<Pipeline, std::shared_ptr<Pipeline>>(m, "Pipeline")
       .def(py::init([](const PipelineOptions& o) { return std::make_shared<Pipeline>(o); }), py::arg("options"))
       .def("__len__", &Pipeline::size)
+      .def_property_readonly("streaming", &Pipeline::streaming)
       .def("fields",
            [](const Pipeline& p) {
              const SlotLayout l = p.layout(1);
@@ -57,15 +59,18 @@ void register_pipeline(py::module_& m) {
         if (info.ndim != 1 || info.itemsize != 8 || (info.shape[0] > 1 && info.strides[0] != 8))
           throw py::value_error("spindle: order must be a contiguous 1-D int64 array");
         const auto* p = static_cast<const int64_t*>(info.ptr);
-        BatchPlan plan = BatchPlan::chunked(std::vector<int64_t>(p, p + info.shape[0]), batch_size, drop_last);
+        const bool stream = pipe->streaming();
+        BatchPlan plan = stream ? BatchPlan::chunked({}, batch_size, false)
+                                : BatchPlan::chunked(std::vector<int64_t>(p, p + info.shape[0]), batch_size, drop_last);
         LoaderOptions o;
+        o.round_robin = stream;  // a stream: batch k from worker k mod N, until every worker's shards end
         o.num_workers = num_workers;
         o.batch_capacity = batch_size;
         o.slot_bytes = pipe->layout(batch_size).bytes();  // every batch has this size: reserve it up front
         o.prefetch_factor = prefetch_factor;
         o.timeout = timeout_ms(timeout);
         o.max_threads = max_threads;
-        WorkerMain body = pipeline_worker(pipe, seed, epoch);
+        WorkerMain body = stream ? pipeline_stream_worker(pipe, seed, epoch) : pipeline_worker(pipe, seed, epoch);
         if (threads) {
           py::gil_scoped_release release;  // nothing forks: the workers are C++ on arena threads
           return std::make_unique<Loader>(o, std::move(plan), std::move(body), ArenaThreads{});

@@ -426,6 +426,12 @@ class PipelineOptions:
     @resize_shorter.setter
     def resize_shorter(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
         ...
+    @property
+    def webdataset(self) -> list[str]:
+        ...
+    @webdataset.setter
+    def webdataset(self, arg0: collections.abc.Sequence[str]) -> None:
+        ...
 class Pipeline:
     def __init__(self, options: PipelineOptions) -> None:
         ...
@@ -435,6 +441,9 @@ class Pipeline:
         """
         (dtype string, per-sample shape) of the batch's fields: image, label.
         """
+    @property
+    def streaming(self) -> bool:
+        ...
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.

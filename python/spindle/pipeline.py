@@ -31,7 +31,7 @@ from ._forking import forking
 from .dataloader import _WorkerIterator
 from .errors import DataError, DecodeError, SpindleError
 
-__all__ = ["Pipeline", "image_folder", "arrays", "Loader"]
+__all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "Loader"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Pipeline:
     """A native pipeline: a source and its ops. Build it with :func:`image_folder`
     or :func:`arrays` and the methods below; each returns a new Pipeline."""
 
-    source: tuple[str, str]  # ("image_folder", root) or ("npy", path)
+    source: tuple[str, Any]  # ("image_folder", root), ("npy", path) or ("webdataset", [shards])
     decoded: bool = False
     rrc: Optional[tuple[int, tuple[float, float], tuple[float, float]]] = None
     shorter: Optional[int] = None
@@ -101,6 +101,8 @@ class Pipeline:
         kind, where = self.source
         if kind == "image_folder":
             o.image_folder = where
+        elif kind == "webdataset":
+            o.webdataset = list(where)
         else:
             o.npy = where
         o.decode = self.decoded
@@ -124,6 +126,15 @@ def image_folder(root: str | os.PathLike) -> Pipeline:
     """Images in ImageNet layout: root/<class>/<file>.{jpg,jpeg,png}; the label is the class's
     index among the sorted class folders (torchvision's ImageFolder rule)."""
     return Pipeline(("image_folder", os.fspath(root)))
+
+
+def webdataset(shards: Sequence[str | os.PathLike]) -> Pipeline:
+    """WebDataset tar shards, streamed (never extracted): members grouped by key; the image is the
+    sample's jpg/jpeg/png, the label its cls (or json "label"). Worker w reads shards w, w + N, ...
+    (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do."""
+    if isinstance(shards, (str, os.PathLike)):
+        shards = [shards]
+    return Pipeline(("webdataset", tuple(os.fspath(s) for s in shards)))
 
 
 def arrays(path: str | os.PathLike) -> Pipeline:
@@ -171,6 +182,8 @@ class Loader:
         self._entropy = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
 
     def __len__(self) -> int:
+        if self._native.streaming:
+            raise TypeError("a WebDataset pipeline is a stream: its length is not known before reading it")
         n, b = len(self._native), self.pipeline.batch_size
         return n // b if self.pipeline.drop_last else -(-n // b)
 
@@ -185,7 +198,8 @@ class Loader:
         rng = np.random.default_rng([self._entropy, epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         order = np.ascontiguousarray(order, dtype=np.int64)
-        if len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size):
+        if not self._native.streaming and (
+                len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size)):
             return iter(())
         kwargs = dict(pipeline=self._native, order=order, batch_size=self.pipeline.batch_size,
                       drop_last=self.pipeline.drop_last, num_workers=self.num_workers,

@@ -13,6 +13,7 @@ namespace spindle {
 struct Pipeline::Impl {
   std::optional<ImageFolder> folder;
   std::optional<ArraySource> arrays;
+  std::optional<WebDataset> wds;
   int out_h = 0, out_w = 0;  // the image field's height and width
 };
 
@@ -79,9 +80,14 @@ void center_crop(ops::Image& img, int size) {
 
 Pipeline::Pipeline(PipelineOptions options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   const PipelineOptions& o = options_;
-  if (o.image_folder.empty() == o.npy.empty())
-    SPINDLE_THROW(std::invalid_argument, "spindle: a pipeline needs exactly one source (image_folder or npy)");
-  if (!o.image_folder.empty()) {
+  if (int(!o.image_folder.empty()) + int(!o.npy.empty()) + int(!o.webdataset.empty()) != 1)
+    SPINDLE_THROW(std::invalid_argument,
+                  "spindle: a pipeline needs exactly one source (image_folder, npy or webdataset shards)");
+  if (!o.webdataset.empty()) {
+    impl_->wds.emplace(o.webdataset);
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
+  } else if (!o.image_folder.empty()) {
     impl_->folder.emplace(o.image_folder);
     if (!o.decode)
       SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
@@ -106,7 +112,15 @@ Pipeline::Pipeline(Pipeline&&) noexcept = default;
 Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
 
 std::size_t Pipeline::size() const noexcept {
+  if (impl_->wds) return 0;
   return impl_->folder ? impl_->folder->size() : impl_->arrays->size();
+}
+
+bool Pipeline::streaming() const noexcept { return impl_->wds.has_value(); }
+
+const WebDataset& Pipeline::webdataset() const {
+  if (!impl_->wds) SPINDLE_THROW(std::logic_error, "spindle: this pipeline does not read WebDataset shards");
+  return *impl_->wds;
 }
 
 SlotLayout Pipeline::layout(uint32_t capacity) const {
@@ -125,19 +139,16 @@ SlotLayout Pipeline::layout(uint32_t capacity) const {
 void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                        std::span<std::byte> payload, std::size_t row) const {
   const PipelineOptions& o = options_;
-  ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
-  ops::Image img;
-  int64_t label = -1;
   if (impl_->folder) {
     const Record rec = impl_->folder->read(static_cast<std::size_t>(index));
-    label = rec.label;
-    try {
-      decode_sample(o, rec.data, rng, img);
-    } catch (const std::exception& e) {
-      SPINDLE_THROW(DecodeError, "spindle: cannot decode sample " + std::to_string(index) + " (" + rec.origin +
-                                     "): " + e.what());
-    }
-  } else {
+    produce_encoded(rec.data, rec.label, "sample " + std::to_string(index) + " (" + rec.origin + ")",
+                    static_cast<uint64_t>(index), seed, epoch, layout, payload, row);
+    return;
+  }
+  ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
+  ops::Image img;
+  const int64_t label = -1;
+  {
     const auto shape = impl_->arrays->row_shape();
     const auto bytes = impl_->arrays->row(static_cast<std::size_t>(index));
     img.height = static_cast<int>(shape[0]);
@@ -161,12 +172,31 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
       img = std::move(out);
     }
   }
+  finish(std::move(img), label, rng, layout, payload, row);
+}
+
+void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin,
+                               uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
+                               std::span<std::byte> payload, std::size_t row) const {
+  ops::Rng rng(seed, epoch, draw);
+  ops::Image img;
+  try {
+    decode_sample(options_, encoded, rng, img);
+  } catch (const std::exception& e) {
+    SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+  }
+  finish(std::move(img), label, rng, layout, payload, row);
+}
+
+void Pipeline::finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLayout& layout,
+                      std::span<std::byte> payload, std::size_t row) const {
+  const PipelineOptions& o = options_;
   if (o.resize_shorter) resize_shorter(img, *o.resize_shorter);
   if (o.center_crop && (img.height != *o.center_crop || img.width != *o.center_crop)) center_crop(img, *o.center_crop);
   // The flip draw comes after the crop's draws: same sequence in every mode.
   if (o.flip_probability > 0 && rng.uniform() < o.flip_probability) ops::hflip(img);
   if (img.height != impl_->out_h || img.width != impl_->out_w)
-    SPINDLE_THROW(std::logic_error, "spindle: sample " + std::to_string(index) + " came out " +
+    SPINDLE_THROW(std::logic_error, "spindle: a sample came out " +
                                         std::to_string(img.height) + "x" + std::to_string(img.width) + ", not " +
                                         std::to_string(impl_->out_h) + "x" + std::to_string(impl_->out_w) +
                                         " (bug in spindle's pipeline)");
@@ -239,6 +269,90 @@ WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, 
         }
         ctx.commit(*item);
       } catch (const DecodeError& e) {  // report: the error's kind, a newline, its message
+        ctx.fail(*item, std::string("DecodeError\n") + e.what());
+      } catch (const DataError& e) {
+        ctx.fail(*item, std::string("DataError\n") + e.what());
+      } catch (const std::exception& e) {
+        ctx.fail(*item, std::string("RuntimeError\n") + e.what());
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace spindle
+
+namespace spindle {
+
+WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
+  return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
+    const WebDataset& wds = pipe->webdataset();
+    const std::vector<std::size_t> shards =
+        wds.shards_of_worker(static_cast<std::size_t>(ctx.worker_id()), static_cast<std::size_t>(ctx.num_workers()));
+    const bool skip = pipe->options().on_error == PipelineOptions::OnError::kSkip;
+    const uint32_t capacity = ctx.ring().geometry().batch_capacity;
+    const SlotLayout layout = pipe->layout(capacity);
+    std::size_t next_shard = 0, shard = 0;
+    uint64_t position = 0;  // of the next sample in `shard`
+    std::optional<WdsShardReader> reader;
+    bool ended = false;
+    while (auto item = ctx.claim()) {
+      if (ended) {
+        ctx.exhausted(*item);
+        continue;
+      }
+      try {
+        std::span<std::byte> out = ctx.begin_arrays(*item, layout, "");
+        uint32_t count = 0;
+        Skips skips;
+        while (count < capacity) {
+          if (!reader) {
+            if (next_shard == shards.size()) {
+              ended = true;
+              break;
+            }
+            shard = shards[next_shard++];
+            position = 0;
+            reader.emplace(wds, shard);
+          }
+          std::optional<WdsSample> sample;
+          try {
+            sample = reader->next();
+          } catch (...) {
+            reader.reset();  // a corrupt shard: its tail is lost, the next shard goes on
+            throw;
+          }
+          if (!sample) {
+            reader.reset();
+            continue;
+          }
+          const uint64_t draw = (static_cast<uint64_t>(shard) << 32) | position++;
+          ctx.set_sample(static_cast<int64_t>(draw));
+          const std::vector<std::byte>* image = nullptr;
+          for (const char* ext : {"jpg", "jpeg", "png"})
+            if (auto it = sample->fields.find(ext); it != sample->fields.end()) image = &it->second;
+          try {
+            if (!image) SPINDLE_THROW(DataError, "spindle: " + sample->origin + " has no jpg, jpeg or png member");
+            pipe->produce_encoded(*image, WebDataset::label_of(*sample), sample->origin, draw, seed, epoch, layout,
+                                  out, count);
+            ++count;
+          } catch (const std::exception& e) {
+            if (!skip) throw;
+            if (skips.count++ == 0) skips.first_reason = e.what();  // dropped from the stream, counted
+          }
+        }
+        if (count == 0) {
+          ctx.exhausted(*item);
+          continue;
+        }
+        if (skips.count) {
+          std::string reason = skips.first_reason.substr(0, 1000);
+          std::replace(reason.begin(), reason.end(), ';', ',');
+          write_arrays_descriptor(ctx.ring().descriptor(item->slot), layout,
+                                  "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
+        }
+        ctx.commit(*item, count);
+      } catch (const DecodeError& e) {
         ctx.fail(*item, std::string("DecodeError\n") + e.what());
       } catch (const DataError& e) {
         ctx.fail(*item, std::string("DataError\n") + e.what());

@@ -152,6 +152,15 @@ def test_threads_mode_forks_nothing_and_stays_within_consumer_plus_arena(folder)
     code = textwrap.dedent(f"""
         import os, spindle
         from spindle import pipeline as sp
+        def children():
+            found = []
+            for p in os.listdir("/proc"):
+                try:
+                    if p.isdigit() and open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                        found.append(p)
+                except OSError:
+                    pass
+            return found
         base = spindle.count_process_threads(os.getpid())
         pipe = sp.image_folder({str(folder)!r}).decode().random_resized_crop(64).batch(4)
         loader = spindle.Loader(pipe, num_workers=2, mode="threads")
@@ -159,11 +168,47 @@ def test_threads_mode_forks_nothing_and_stays_within_consumer_plus_arena(folder)
         it = iter(loader)
         for b in it:
             peak = max(peak, spindle.count_process_threads(os.getpid()))
-            children = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
-            assert not children, children
+            assert not children(), children()
         print(base, peak)
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     base, peak = map(int, done.stdout.split())
     assert base < peak <= base + 2 + 1, (base, peak)  # the 2 worker threads (+1: the arena's copy-out share)
+
+
+def make_shards(folder, out, per_shard=10):
+    """The folder's JPEGs as WebDataset shards of `per_shard` samples: key.jpg + key.cls."""
+    import io
+    import tarfile
+    files = sorted((c, f) for c in CLASSES for f in sorted(os.listdir(folder / c)) if f.endswith(".jpg"))
+    shards = []
+    for s in range(0, len(files), per_shard):
+        path = out / f"shard-{s // per_shard:03d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for c, f in files[s:s + per_shard]:
+                key = f"{c}_{f[:-4]}"
+                for name, data in ((f"{key}.jpg", (folder / c / f).read_bytes()),
+                                   (f"{key}.cls", str(CLASSES.index(c)).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        shards.append(str(path))
+    return shards
+
+
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_webdataset_shards_are_read_end_to_end(folder, tmp_path, mode):
+    """WebDataset shards stream every sample once with its cls label; a sample's crop is the same
+    whichever worker (and mode) reads it."""
+    shards = make_shards(folder, tmp_path)
+    pipe = sp.webdataset(shards).decode().random_resized_crop(48).batch(4)
+    with pytest.raises(TypeError):
+        len(spindle.Loader(pipe, num_workers=2))
+    one = collect(spindle.Loader(pipe, num_workers=1, seed=3, mode=mode))
+    two = collect(spindle.Loader(pipe, num_workers=2, seed=3, mode=mode))
+    for got in (one, two):
+        labels = np.concatenate([label for _, label in got])
+        assert sorted(labels.tolist()) == [0] * 12 + [1] * 12 + [2] * 12
+    key = lambda batches: sorted(image.tobytes() for b, _ in batches for image in b)  # noqa: E731
+    assert key(one) == key(two)

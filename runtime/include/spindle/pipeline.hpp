@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include <spindle/ops/image_ops.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/worker_context.hpp>
 
@@ -36,6 +37,10 @@ struct PipelineOptions {
   // The source: exactly one of these.
   std::string image_folder;  // ImageNet layout: root/<class>/<file>
   std::string npy;           // a .npy of images [N, H, W, C] uint8 (memory-mapped); labels none (-1)
+  // WebDataset tar shards, streamed (never extracted): the image is the
+  // sample's jpg/jpeg/png member, the label its cls (or json "label").
+  // Worker w reads shards w, w + N, ... (webdataset's split_by_worker).
+  std::vector<std::string> webdataset;
 
   bool decode = false;  // encoded bytes -> RGB uint8 (needed for image folders)
   struct RandomResizedCrop {
@@ -68,7 +73,8 @@ class Pipeline {
   Pipeline(Pipeline&&) noexcept;
   Pipeline& operator=(Pipeline&&) noexcept;
 
-  std::size_t size() const noexcept;  // samples in the source
+  std::size_t size() const noexcept;  // samples in the source (0 for a stream)
+  bool streaming() const noexcept;    // WebDataset: read by shard, not by index
   const PipelineOptions& options() const noexcept { return options_; }
   // The batch's fields for up to `capacity` samples: image, label.
   SlotLayout layout(uint32_t capacity) const;
@@ -78,8 +84,17 @@ class Pipeline {
   // DataError on bad input (the caller decides: fail or skip).
   void produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
                std::size_t row) const;
+  // The same for encoded bytes already read (a stream's sample); `draw` names
+  // the sample for its random draws.
+  void produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin, uint64_t draw,
+                       uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
+                       std::size_t row) const;
+  // The WebDataset source (streaming() only).
+  const class WebDataset& webdataset() const;
 
  private:
+  void finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLayout& layout, std::span<std::byte> payload,
+              std::size_t row) const;
   struct Impl;
   PipelineOptions options_;
   std::unique_ptr<Impl> impl_;
@@ -100,5 +115,13 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
 // The worker body for processes mode: claims items and fills them. The seed
 // and epoch of each batch travel in the slot (see LoaderOptions).
 WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
+
+// The worker body for a streaming (WebDataset) pipeline, for a round-robin
+// Loader: worker w fills each claimed item with up to batch_capacity samples
+// of its shards, in order, and answers "exhausted" when they end. Random
+// draws come from (seed, epoch, shard << 32 | position in the shard), so a
+// sample gets the same augmentation whichever worker or mode reads it; the
+// batch order depends on the worker count, as with any sharded stream.
+WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
 
 }  // namespace spindle
