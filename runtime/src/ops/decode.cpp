@@ -1,5 +1,5 @@
 // probe() and decode(): JPEG through libjpeg-turbo's libjpeg API (fused crop and
-// DCT-domain downscaling), PNG through libspng. See README.md for the choices.
+// DCT-domain downscaling), PNG through libspng. docs/ops.md explains the choices.
 #include <spindle/error.hpp>
 #include <spindle/ops/image_ops.hpp>
 

@@ -10,7 +10,7 @@
 // decoder's own message; misuse (a crop outside the image, a zero size, spans of
 // the wrong length) throws std::invalid_argument.
 //
-// Design decisions are in runtime/src/ops/README.md.
+// What each op does, the tolerances and the design decisions: docs/ops.md.
 
 #include <cstddef>
 #include <cstdint>
