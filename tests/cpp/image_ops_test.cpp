@@ -329,6 +329,29 @@ TEST(ImageOps, EveryPrefixAndCorruptionFailsCleanly) {
   }
 }
 
+int process_threads() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f && std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+  if (f) std::fclose(f);
+  return n;
+}
+
+// Proves: decode (JPEG, PNG, DCT-scaled) and resize run on the calling thread only: no library starts threads.
+TEST(ImageOps, StartsNoThreads) {
+  const Bytes jpeg = encode_jpeg(synthetic(300, 400, 13)), png = encode_png(synthetic(100, 120, 13));
+  const int before = process_threads();
+  ASSERT_GT(before, 0);
+  for (uint64_t i = 0; i < 20; ++i) {
+    Rng rng(0, 0, i);
+    (void)decoded(jpeg, random_resized_crop_box(300, 400, rng), Size{64, 64});
+    (void)decoded(png, std::nullopt, Size{50, 50});
+  }
+  EXPECT_EQ(process_threads(), before);
+}
+
 // Proves: a crop outside the image or an empty size is misuse (std::invalid_argument), not a DecodeError.
 TEST(ImageOps, MisuseThrowsInvalidArgument) {
   const Bytes jpeg = encode_jpeg(synthetic(50, 60, 12));

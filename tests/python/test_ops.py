@@ -321,3 +321,29 @@ def test_misuse_raises_value_error(jpegs):
         ops.decode_image(data, size=(0, 10))
     with pytest.raises(ValueError):
         ops.resize(np.zeros((4, 4), np.uint8), (2, 2))
+
+
+def test_ops_start_no_threads():
+    """Proves: decoding (JPEG and PNG), resizing and normalizing start no thread in the calling process."""
+    code = """
+import io, os, numpy as np
+from PIL import Image
+from spindle import ops
+def threads():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+a = (np.arange(300 * 400 * 3) % 251).astype(np.uint8).reshape(300, 400, 3)
+jpeg, png = io.BytesIO(), io.BytesIO()
+Image.fromarray(a).save(jpeg, "JPEG", quality=90); Image.fromarray(a).save(png, "PNG")
+before = threads()
+for i in range(20):
+    box = ops.random_resized_crop_box(300, 400, 0, 0, i)
+    img = ops.decode_image(jpeg.getvalue(), crop=box, size=(224, 224))
+    ops.decode_image(png.getvalue(), crop=box, size=(64, 64))
+    ops.normalize(ops.hflip(ops.resize(img, (100, 90))), [0.5] * 3, [0.25] * 3, chw=True)
+print(before, threads())
+"""
+    env = {**__import__("os").environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    before, after = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                   env=env).stdout.split()
+    assert before == after
