@@ -85,6 +85,15 @@ def test_grayscale_jpeg_decodes_to_pil_rgb():
     np.testing.assert_array_equal(ops.decode_image(data), np.asarray(pil_rgb(data)))
 
 
+def test_cmyk_jpeg_decodes_to_pil_rgb():
+    """Proves: a CMYK JPEG (Adobe-inverted, as PIL writes it) converts to RGB exactly as PIL's convert('RGB')."""
+    data = encode(photo_like(200, 300, 8).convert("CMYK"))
+    assert ops.image_info(data).channels == 4
+    np.testing.assert_array_equal(ops.decode_image(data), np.asarray(pil_rgb(data)))
+    np.testing.assert_array_equal(ops.decode_image(data, crop=(10, 20, 50, 60)),
+                                  np.asarray(pil_rgb(data))[10:60, 20:80])
+
+
 def test_cropped_decode_equals_pil_decode_then_crop(jpegs):
     """Proves: decoding only a region (iMCU-aligned skip + crop_scanline) equals PIL's full decode then crop."""
     for h, w, data in jpegs:

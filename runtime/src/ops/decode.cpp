@@ -222,8 +222,8 @@ class JpegDecoder {
             ImageInfo::Format::kJpeg};
   }
 
-  // CMYK -> RGB as r = (255 - c) * (255 - k) / 255, rounded (the rule of
-  // Pillow's cmyk2rgb; not tested against it). Adobe files store inverted
+  // CMYK -> RGB as r = (255 - c) * (255 - k) / 255, rounded: Pillow's
+  // cmyk2rgb (tests/python/test_ops.py compares). Adobe files store inverted
   // CMYK, which libjpeg passes through.
   static void cmyk_to_rgb(const uint8_t* src, int width, bool inverted, uint8_t* dst) {
     for (int x = 0; x < width; ++x) {
