@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'normalize', 'random_resized_crop_box', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -318,6 +318,132 @@ class WebDataset:
     @property
     def shards(self) -> list[str]:
         ...
+class RandomResizedCrop:
+    def __init__(self) -> None:
+        ...
+    @property
+    def ratio(self) -> tuple[float, float]:
+        ...
+    @ratio.setter
+    def ratio(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def scale(self) -> tuple[float, float]:
+        ...
+    @scale.setter
+    def scale(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+    @size.setter
+    def size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+class OnError:
+    """
+    Members:
+    
+      RAISE
+    
+      SKIP
+    """
+    RAISE: typing.ClassVar[OnError]
+    SKIP: typing.ClassVar[OnError]
+    __members__: typing.ClassVar[dict[str, OnError]]
+    @typing.overload
+    def __eq__(self, other: OnError) -> bool:
+        ...
+    @typing.overload
+    def __eq__(self, other: typing.Any) -> bool:
+        ...
+    def __getstate__(self) -> int:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __index__(self) -> int:
+        ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def __int__(self) -> int:
+        ...
+    @typing.overload
+    def __ne__(self, other: OnError) -> bool:
+        ...
+    @typing.overload
+    def __ne__(self, other: typing.Any) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def __setstate__(self, state: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def __str__(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def value(self) -> int:
+        ...
+class PipelineOptions:
+    """
+    What a native pipeline reads and does (see pipeline.hpp).
+    """
+    chw: bool
+    decode: bool
+    image_folder: str
+    npy: str
+    on_error: OnError
+    random_resized_crop: RandomResizedCrop | None
+    def __init__(self) -> None:
+        ...
+    @property
+    def center_crop(self) -> int | None:
+        ...
+    @center_crop.setter
+    def center_crop(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def flip_probability(self) -> float:
+        ...
+    @flip_probability.setter
+    def flip_probability(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_skip_ratio(self) -> float:
+        ...
+    @max_skip_ratio.setter
+    def max_skip_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def normalize(self) -> tuple[typing.Annotated[list[float], "FixedSize(3)"], typing.Annotated[list[float], "FixedSize(3)"]] | None:
+        ...
+    @normalize.setter
+    def normalize(self, arg0: tuple[typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"]] | None) -> None:
+        ...
+    @property
+    def resize_shorter(self) -> int | None:
+        ...
+    @resize_shorter.setter
+    def resize_shorter(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def webdataset(self) -> list[str]:
+        ...
+    @webdataset.setter
+    def webdataset(self, arg0: collections.abc.Sequence[str]) -> None:
+        ...
+class Pipeline:
+    def __init__(self, options: PipelineOptions) -> None:
+        ...
+    def __len__(self) -> int:
+        ...
+    def fields(self) -> list:
+        """
+        (dtype string, per-sample shape) of the batch's fields: image, label.
+        """
+    @property
+    def streaming(self) -> bool:
+        ...
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
@@ -349,6 +475,10 @@ def image_info(data: typing_extensions.Buffer) -> tuple[int, int, int, str]:
 def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], std: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], chw: bool = False) -> numpy.typing.NDArray[numpy.float32]:
     """
     (x / 255 - mean) / std as float32, (H, W, C) or with chw (C, H, W).
+    """
+def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batch_size: typing.SupportsInt | typing.SupportsIndex, drop_last: bool = False, num_workers: typing.SupportsInt | typing.SupportsIndex, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> Loader:
+    """
+    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
     """
 def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
     """
