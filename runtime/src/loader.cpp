@@ -136,13 +136,14 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worke
   const pid_t consumer = getpid();
   const int segment_fd = ring_->segment.fd();  // inherited by the forks: slots grow through it
   pool_ = std::make_unique<WorkerPool>(
-      options.num_workers,
+      options_.num_workers,
       [&](int w) {
         ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
         WorkerContext ctx(ring, w, consumer, segment_fd);
         return worker_main(ctx);
       },
       hooks);
+  ledger_lease_.started(plan_.num_workers);
   start();
 }
 
@@ -150,14 +151,16 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
                const std::string& main)
     : options_(options), batches_(std::move(batches)) {
   prepare();
-  pool_ = std::make_unique<WorkerPool>(options.num_workers, zygote, main, ring_->segment.fd());
+  pool_ = std::make_unique<WorkerPool>(options_.num_workers, zygote, main, ring_->segment.fd());
+  ledger_lease_.started(plan_.num_workers);
   start();
 }
 
 Loader::Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn)
     : options_(options), batches_(std::move(batches)) {
   prepare();
-  pool_ = std::make_unique<WorkerPool>(options.num_workers, spawn, ring_->segment.fd());
+  pool_ = std::make_unique<WorkerPool>(options_.num_workers, spawn, ring_->segment.fd());
+  ledger_lease_.started(plan_.num_workers);
   start();
 }
 
@@ -197,7 +200,18 @@ void Loader::prepare(bool threads) {
 
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;
-  plan_ = ThreadBudget(sources).plan(options.num_workers);
+  if (options.first_worker < 0 || options.first_worker >= options.num_workers)
+    SPINDLE_THROW(std::invalid_argument, "spindle: first_worker must be in [0, num_workers)");
+  // The ledger grants the plan (possibly fewer workers, per budget_policy)
+  // and records it before anything is forked; see budget_ledger.hpp.
+  requested_workers_ = options.num_workers;
+  LedgerGrant grant = BudgetLedger::global().acquire(
+      options.num_workers, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
+      options.budget_poll);
+  plan_ = grant.plan;
+  ledger_lease_ = std::move(grant.lease);
+  budget_note_ = std::move(grant.note);
+  options_.num_workers = plan_.num_workers;
   // Threads mode: the workers are arena threads, on top of what the plan
   // grants for copy-out.
   arena_lease_ = Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
@@ -208,9 +222,8 @@ void Loader::prepare(bool threads) {
   const std::size_t known = options.round_robin ? want : batches_.size();  // streams: unknown length
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
   active_.assign(nw, true);
-  if (options.first_worker < 0 || options.first_worker >= options.num_workers)
-    SPINDLE_THROW(std::invalid_argument, "spindle: first_worker must be in [0, num_workers)");
-  next_worker_ = static_cast<uint32_t>(options.first_worker);
+  // Checked against the workers asked for; with fewer (kShrink) the turn wraps.
+  next_worker_ = static_cast<uint32_t>(options.first_worker % options.num_workers);
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
   RingGeometry g;
@@ -304,11 +317,15 @@ void Loader::close(std::chrono::milliseconds grace) noexcept {
 
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   closing_.store(true, std::memory_order_release);
-  if (!pool_ && !threads_) return;
+  if (!pool_ && !threads_) {
+    ledger_lease_.reset();
+    return;
+  }
   for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
   if (pool_) pool_->shutdown(grace);
   pool_.reset();
   threads_.reset();  // waits for the batches being filled: threads cannot be killed
+  ledger_lease_.reset();  // the workers are reaped: their tasks are gone
   std::lock_guard lock(pids_mu_);
   pids_.clear();
 }

@@ -38,6 +38,10 @@ std::optional<int64_t> read_limit(const std::string& path) {
   }
 }
 
+int64_t budget_of(int64_t room, int64_t pending) {
+  return room == kUnlimited ? kUnlimited : std::max<int64_t>(0, room - pending);
+}
+
 std::string fmt(int64_t v) { return v == kUnlimited ? "unlimited" : std::to_string(v); }
 
 struct CgroupPids {
@@ -191,16 +195,24 @@ int64_t ThreadBudget::budget() const noexcept {
   return std::min({nproc_headroom(), cgroup_headroom_, user_cap_});
 }
 
-ThreadPlan ThreadBudget::plan(int num_workers) const {
+int64_t ThreadBudget::budget(int64_t pending) const noexcept {
+  return std::min({budget_of(nproc_headroom(), pending), budget_of(cgroup_headroom_, pending), user_cap_});
+}
+
+ThreadPlan ThreadBudget::plan(int num_workers, int64_t pending) const {
   if (num_workers < 0) SPINDLE_THROW(std::invalid_argument, "spindle: num_workers must be >= 0");
-  const int64_t b = budget();
+  if (pending < 0) SPINDLE_THROW(std::invalid_argument, "spindle: pending tasks must be >= 0");
+  const int64_t b = budget(pending);
   if (num_workers > b) {
     std::string which = b == user_cap_ ? "max_threads (your cap)"
-                        : b == cgroup_headroom_ ? "the cgroup's pids.max (" + cgroup_path_ + ")"
+                        : b == budget_of(cgroup_headroom_, pending) ? "the cgroup's pids.max (" + cgroup_path_ + ")"
                                                 : "ulimit -u (RLIMIT_NPROC)";
+    std::string leased = pending > 0 ? "; " + std::to_string(pending) +
+                                           " tasks are leased to other loaders of this uid and not started yet"
+                                     : "";
     SPINDLE_THROW(ThreadBudgetError,
                   "spindle: " + std::to_string(num_workers) + " workers do not fit the thread budget of " +
-                      std::to_string(b) + " tasks, bound by " + which + ". " + describe() +
+                      std::to_string(b) + " tasks, bound by " + which + ". " + describe() + leased +
                       ". Use at most " + std::to_string(b) +
                       " workers, or raise the limit (ulimit -u / pids.max / max_threads), or stop "
                       "processes of this user that hold threads.");

@@ -25,6 +25,7 @@
 
 #include <spindle/arena.hpp>
 #include <spindle/batch_plan.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/batch_ring.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
@@ -57,6 +58,14 @@ struct LoaderOptions {
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
+  // When fewer tasks are free than num_workers (the live budget less what
+  // other loaders leased and have not started, budget_ledger.hpp): run with
+  // fewer workers (kShrink; budget_note() says so), wait up to `timeout` for
+  // leases to come back (kWait; 0 waits without bound), or throw (kFail).
+  BudgetPolicy budget_policy = BudgetPolicy::kShrink;
+  // Called every ~50 ms while kWait waits; may throw to stop waiting (the
+  // Python layer raises KeyboardInterrupt from it).
+  std::function<void()> budget_poll;
   BudgetSources budget_sources;          // where limits are read (tests fake it)
 };
 
@@ -157,6 +166,11 @@ class Loader {
   bool closed() const noexcept { return closing_.load(std::memory_order_acquire); }
 
   const ThreadPlan& plan() const noexcept { return plan_; }
+  // Workers asked for (plan().num_workers may be fewer under kShrink).
+  int requested_workers() const noexcept { return requested_workers_; }
+  // Non-empty when the loader runs with fewer workers than asked: one line
+  // with the numbers, for the caller to show once.
+  const std::string& budget_note() const noexcept { return budget_note_; }
   std::vector<pid_t> worker_pids() const;
   std::size_t num_batches() const noexcept { return batches_.size(); }
   uint32_t batch_capacity() const noexcept { return options_.batch_capacity; }
@@ -180,6 +194,11 @@ class Loader {
   ThreadPlan plan_;
   ArenaLease arena_lease_;   // plan_.arena_threads, held while the loader lives
   ArenaLease worker_lease_;  // threads mode: the worker threads
+  // This loader's share of the node's budget: pending until the workers are
+  // forked, then only the arena threads; given back once the workers are reaped.
+  LedgerLease ledger_lease_;
+  int requested_workers_ = 0;
+  std::string budget_note_;
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;      // worker processes, or

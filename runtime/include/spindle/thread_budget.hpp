@@ -61,10 +61,15 @@ class ThreadBudget {
   int64_t user_cap() const noexcept { return user_cap_; }
   // min(nproc headroom, cgroup headroom, user cap): tasks the loader may add.
   int64_t budget() const noexcept;
+  // The same with `pending` tasks, granted to other leases but not started
+  // yet (so not in /proc), taken off the node's headroom (not off the user
+  // cap, which is per loader): min(nproc − pending, cgroup − pending, cap).
+  int64_t budget(int64_t pending) const noexcept;
 
-  // Cuts a plan for `num_workers` workers. Throws ThreadBudgetError, with all
-  // the numbers and what to change, when the workers do not fit.
-  ThreadPlan plan(int num_workers) const;
+  // Cuts a plan for `num_workers` workers out of budget(pending). Throws
+  // ThreadBudgetError, with all the numbers and what to change, when the
+  // workers do not fit.
+  ThreadPlan plan(int num_workers, int64_t pending = 0) const;
 
   // One line with every number, for errors and logs.
   std::string describe() const;
