@@ -272,6 +272,12 @@ struct BudgetLedger::Impl {
 
     Table t;
     bool dirty = false;
+    // The size as it is now, under the lock (the one above may predate the
+    // creator's first write).
+    if (::fstat(fd, &st) != 0) {
+      warn(path, "fstat failed: " + errno_text(errno));
+      return false;
+    }
     const ssize_t got = ::pread(fd, &t, sizeof(t), 0);
     if (got != static_cast<ssize_t>(sizeof(t)) || st.st_size != static_cast<off_t>(sizeof(t)) || !valid(t)) {
       // New, truncated, grown or scribbled on: start afresh. Live processes
