@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include <spindle/arena.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/thread_budget.hpp>
 
 #include "register.hpp"
@@ -51,10 +52,49 @@ void register_budget(py::module_& m) {
       .def_property_readonly("cpus", &ThreadBudget::cpus, "CPUs this process may run on (affinity, cgroup cpu.max).")
       .def_property_readonly("user_cap", [](const ThreadBudget& b) { return opt(b.user_cap()); }, "The max_threads cap.")
       .def_property_readonly("budget", [](const ThreadBudget& b) { return opt(b.budget()); }, "min(nproc_headroom, cgroup_headroom, user_cap).")
-      .def("plan", &ThreadBudget::plan, py::arg("num_workers"),
-           "Plan for num_workers workers; raises ThreadBudgetError, with the numbers, if they do not fit.")
+      .def("plan", &ThreadBudget::plan, py::arg("num_workers"), py::arg("pending") = 0,
+           "Plan for num_workers workers out of the budget less `pending` tasks leased elsewhere and not "
+           "started yet; raises ThreadBudgetError, with the numbers, if they do not fit.")
       .def("__repr__", [](const ThreadBudget& b) { return "ThreadBudget(" + b.describe() + ")"; });
 
+  m.def(
+      "ledger_leases",
+      [] {
+        std::vector<py::dict> out;
+        std::vector<LeaseInfo> leases;
+        {
+          py::gil_scoped_release release;
+          leases = BudgetLedger::global().leases();
+        }
+        for (const auto& l : leases) {
+          py::dict d;
+          d["pid"] = l.pid;
+          d["start_time"] = l.start_time;
+          d["lease_id"] = l.lease_id;
+          d["tasks"] = l.tasks;
+          d["pending"] = l.pending;
+          d["alive"] = l.alive;
+          out.push_back(std::move(d));
+        }
+        return out;
+      },
+      "The node budget ledger's leases as found (pid, start_time, lease_id, tasks, pending, alive), "
+      "or this process's own if the shared table is not used.");
+  m.def(
+      "ledger_status",
+      [] {
+        LedgerStatus s;
+        {
+          py::gil_scoped_release release;
+          s = BudgetLedger::global().status();
+        }
+        py::dict d;
+        d["path"] = s.path;
+        d["usable"] = s.usable;
+        d["warning"] = s.warning;
+        return d;
+      },
+      "Where the node budget ledger is and whether it is used (with the reason if not).");
   m.def("count_process_threads", [](int pid) { return count_process_threads(pid); }, py::arg("pid"),
         "Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.");
   m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <thread>
+
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -264,8 +266,18 @@ void register_loader(py::module_& m) {
                        int prefetch_factor, bool in_order,
                        double timeout, std::optional<int64_t> max_threads, bool round_robin,
                        bool assign_in_turn, int first_worker, std::optional<std::vector<std::string>> spawn_argv,
-                       std::vector<int> spawn_fds) {
+                       std::vector<int> spawn_fds, const std::string& budget_policy) {
              LoaderOptions o;
+             o.budget_policy = parse_budget_policy(budget_policy);
+             // While "wait" waits: without the GIL (another thread may be the one
+             // closing a loader to give its lease back), and Ctrl-C stops it.
+             o.budget_poll = [] {
+               {
+                 py::gil_scoped_release release;
+                 std::this_thread::sleep_for(BudgetLedger::kPollPeriod);
+               }
+               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+             };
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
              o.slot_bytes = slot_bytes;
@@ -290,7 +302,7 @@ void register_loader(py::module_& m) {
            py::arg("prefetch_factor") = 2,
            py::arg("in_order") = true, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
            py::arg("round_robin") = false, py::arg("assign_in_turn") = false, py::arg("first_worker") = 0, py::arg("spawn_argv") = py::none(),
-           py::arg("spawn_fds") = std::vector<int>{})
+           py::arg("spawn_fds") = std::vector<int>{}, py::arg("budget_policy") = "shrink")
       .def("next",
            [](Loader& l) -> py::object {
              std::optional<Batch> b;
@@ -322,6 +334,10 @@ void register_loader(py::module_& m) {
            "next() waiting elsewhere returns None).")
       .def_property_readonly("closed", &Loader::closed)
       .def_property_readonly("plan", &Loader::plan)
+      .def_property_readonly("requested_workers", &Loader::requested_workers,
+                             "Workers asked for (plan.num_workers may be fewer under budget_policy=\"shrink\").")
+      .def_property_readonly("budget_note", &Loader::budget_note,
+                             "One line with the numbers when the loader runs with fewer workers than asked, else ''.")
       .def_property_readonly("worker_pids", [](const Loader& l) { return l.worker_pids(); })
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)

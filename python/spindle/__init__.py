@@ -22,6 +22,7 @@ from .errors import (
     SharedMemoryError,
     SpindleError,
     ThreadBudgetError,
+    ThreadBudgetWarning,
     WorkerDiedError,
     WorkerError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "errors",
     "SpindleError",
     "ThreadBudgetError",
+    "ThreadBudgetWarning",
     "SharedMemoryError",
     "WorkerDiedError",
     "LoaderTimeoutError",

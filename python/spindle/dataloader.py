@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import _core
+from ._budget import resolve_policy, warn_if_shrunk
 from ._caps import ThreadWatchdog
 from ._forking import forking
 from ._layout import BatchReader, collate_local
@@ -53,6 +54,15 @@ class DataLoader:
         in_order: deliver batches in order; False delivers them as they finish.
         max_threads: cap on the tasks (processes + threads) the loader adds,
             on top of ulimit -u and the cgroup's pids.max.
+        budget_policy: what to do when fewer tasks are free than
+            ``num_workers`` needs (the live headroom less what other loaders
+            of this uid on this node leased and have not started):
+            ``"shrink"`` runs with as many workers as fit, with one
+            :class:`~spindle.errors.ThreadBudgetWarning` naming the numbers;
+            ``"wait"`` waits for leases to come back, up to ``timeout`` (0:
+            without bound), then raises
+            :class:`~spindle.errors.ThreadBudgetError`; ``"fail"`` raises it
+            at once. None: ``$SPINDLE_BUDGET_POLICY``, else ``"shrink"``.
         worker_init_fn: called with the worker id in each worker before it
             loads anything.
         persistent_workers: keep the workers and the shared ring across
@@ -78,7 +88,8 @@ class DataLoader:
                  seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
                  prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 persistent_workers: bool = False, max_batch_bytes: int = 1 << 30) -> None:
+                 persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
+                 budget_policy: Optional[str] = None) -> None:
         self.dataset = dataset
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.num_workers = _check_int("num_workers", num_workers, 0)
@@ -94,6 +105,7 @@ class DataLoader:
         self.drop_last = bool(drop_last)
         self.in_order = bool(in_order)
         self.max_threads = max_threads
+        self.budget_policy = resolve_policy(budget_policy)
         self.worker_init_fn = worker_init_fn
         if persistent_workers and self.num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
@@ -143,12 +155,14 @@ class DataLoader:
         body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         with forking():
-            return _core.Loader(
+            runtime = _core.Loader(
                 order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx),
                 num_workers=self.num_workers, batch_capacity=self.batch_size,
                 max_batch_bytes=self.max_batch_bytes,
                 prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
-                max_threads=self.max_threads)
+                max_threads=self.max_threads, budget_policy=self.budget_policy)
+        warn_if_shrunk(runtime, stacklevel=3)
+        return runtime
 
     def close(self) -> None:
         """Stops persistent workers now (they also stop when the loader is garbage-collected)."""

@@ -15,6 +15,7 @@ import os
 import resource
 from typing import Any
 
+from . import _core
 from ._core import ThreadBudget
 from ._threads import mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
 
@@ -197,9 +198,22 @@ def collect(pid: int | None = None) -> dict[str, Any]:
             "pid_max": pid_max,
         },
         "use": {"uid": uid, "uid_tasks": budget.uid_tasks, "node_tasks": node_tasks},
+        "leases": _leases(uid),
         "headroom": {**headroom, "min": bounded.get(binding) if binding else None, "binding": binding},
         "processes": processes,
     }
+
+
+def _leases(uid: int) -> dict[str, Any]:
+    """The node budget ledger of `uid` as found: its path, whether it is used, and its leases
+    (pid, start_time, lease_id, tasks, pending = not started yet, alive)."""
+    status = _core.ledger_status()
+    if uid != os.getuid():
+        return {"path": None, "usable": False, "entries": [],
+                "note": f"the ledger of uid {uid} is read only by that uid (this is uid {os.getuid()})"}
+    entries = _core.ledger_leases() if status["usable"] else []
+    return {"path": status["path"] or None, "usable": status["usable"], "entries": entries,
+            "note": status["warning"]}
 
 
 def _fmt(v: int | None, none: str = "unlimited") -> str:
@@ -222,6 +236,18 @@ def format_text(report: dict[str, Any], *, max_processes: int = 20) -> str:
     lines.append("Use")
     lines.append(f"  {'tasks of uid ' + str(use['uid']):<25} {use['uid_tasks']}")
     lines.append(f"  {'tasks on the node':<25} {use['node_tasks']}")
+    leases = report.get("leases")
+    if leases is not None:
+        where = leases["path"] or "none"
+        lines.append(f"Leases (node budget ledger {where}; pending = granted, not started yet)")
+        if leases["note"]:
+            lines.append(f"  not used: {leases['note']}")
+        elif not leases["entries"]:
+            lines.append("  none")
+        for e in leases["entries"]:
+            alive = "alive" if e["alive"] else "dead (reclaimed at the next access)"
+            lines.append(f"  pid {e['pid']:>7}  start {e['start_time']:>10}  lease {e['lease_id']:>3}  "
+                         f"tasks {e['tasks']:>4}  pending {e['pending']:>4}  {alive}")
     lines.append("Headroom (tasks that can still start)")
     for key, label in (("nproc", "ulimit -u"), ("cgroup", "cgroup"), ("threads_max", "threads-max"),
                        ("pid_max", "pid_max")):

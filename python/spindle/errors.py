@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "SpindleError",
     "ThreadBudgetError",
+    "ThreadBudgetWarning",
     "SharedMemoryError",
     "WorkerDiedError",
     "LoaderTimeoutError",
@@ -26,6 +27,10 @@ class SpindleError(RuntimeError):
 
 class ThreadBudgetError(SpindleError):
     """The requested workers do not fit the thread budget (ulimit -u, pids.max, max_threads)."""
+
+
+class ThreadBudgetWarning(RuntimeWarning):
+    """A loader runs with fewer workers than asked (budget_policy="shrink"); the message has the numbers."""
 
 
 class SharedMemoryError(SpindleError):

@@ -46,6 +46,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils import worker as _torch_worker
 
 from . import _core
+from ._budget import resolve_policy, warn_if_shrunk
 from ._forking import forking
 from ._layout import BatchReader
 from ._spawned import payload_fd, worker_argv
@@ -163,14 +164,20 @@ class DataLoader:
 
     def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
         """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
+        # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
+        options["budget_policy"] = resolve_policy(None)
         if self._spawns():
             fd = payload_fd(body, kwargs)
             try:
-                return _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd], **options)
+                runtime = _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd],
+                                       **options)
             finally:
                 os.close(fd)
-        with forking():
-            return _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
+        else:
+            with forking():
+                runtime = _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
+        warn_if_shrunk(runtime, stacklevel=4)
+        return runtime
 
     def _decoder(self) -> Callable[[Any], Any]:
         """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""

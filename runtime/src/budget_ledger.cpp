@@ -393,6 +393,7 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
   for (;;) {
     std::optional<LedgerGrant> grant;
     std::string refusal;
+    bool settling = false;
     {
       std::lock_guard lock(g_mu);
       impl_->adopt();
@@ -410,6 +411,12 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         int workers = num_workers;
         std::string note;
         if (workers > avail) {
+          if (policy == BudgetPolicy::kShrink && avail < 1 && others > 0) {
+            // Nothing free, but other processes hold pending tasks: they may
+            // be forking right now (a worker is in /proc a moment before its
+            // lease marks it started). Retried for kSettle before refusing.
+            settling = true;
+          }
           if (policy == BudgetPolicy::kShrink && avail >= 1) {
             workers = static_cast<int>(avail);
             note = "spindle: " + std::to_string(num_workers) + " workers asked, " + std::to_string(workers) +
@@ -466,9 +473,11 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         return std::move(*grant);
       }
     }
-    // Short and not shrinking.
+    // Short and not shrinking (or shrinking to nothing while others settle).
     const auto waited = std::chrono::steady_clock::now() - start;
-    if (policy != BudgetPolicy::kWait || (timeout.count() > 0 && waited >= timeout)) {
+    const bool retry = policy == BudgetPolicy::kWait ? timeout.count() == 0 || waited < timeout
+                                                     : settling && waited < kSettle;
+    if (!retry) {
       if (policy == BudgetPolicy::kWait)
         refusal += " Waited " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
                    " ms for leases to be given back (policy \"wait\", the loader's timeout).";
@@ -476,8 +485,10 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         refusal += " Policy \"shrink\" needs at least 1 free task.";
       SPINDLE_THROW(ThreadBudgetError, refusal);
     }
-    if (poll) poll();
-    std::this_thread::sleep_for(kPollPeriod);
+    if (poll)
+      poll();  // paces the wait itself (the Python layer sleeps there without the GIL)
+    else
+      std::this_thread::sleep_for(kPollPeriod);
   }
 }
 
@@ -554,6 +565,11 @@ LedgerStatus BudgetLedger::status() {
   LedgerStatus s;
   s.path = impl_->path();
   impl_->last_warning.clear();
+  struct stat st {};
+  if (!s.path.empty() && ::lstat(s.path.c_str(), &st) != 0 && errno == ENOENT) {
+    s.usable = true;  // created by the first lease; looking does not create it
+    return s;
+  }
   s.usable = impl_->with_table(s.path, [](Table&, int64_t, pid_t, uint64_t) { return false; });
   if (!s.usable) s.warning = s.path.empty() ? "disabled (SPINDLE_LEDGER=off)" : impl_->last_warning;
   return s;

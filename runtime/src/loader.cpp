@@ -135,6 +135,13 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worke
   const BatchRing ring = ring_->ring;
   const pid_t consumer = getpid();
   const int segment_fd = ring_->segment.fd();  // inherited by the forks: slots grow through it
+  // Each worker is marked started as soon as it is forked: from then on /proc
+  // counts it, and the ledger must not count it as pending too.
+  ForkHooks counted = hooks;
+  counted.after_fork_parent = [this, parent = hooks.after_fork_parent] {
+    if (parent) parent();
+    ledger_lease_.started(1);
+  };
   pool_ = std::make_unique<WorkerPool>(
       options_.num_workers,
       [&](int w) {
@@ -142,8 +149,7 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worke
         WorkerContext ctx(ring, w, consumer, segment_fd);
         return worker_main(ctx);
       },
-      hooks);
-  ledger_lease_.started(plan_.num_workers);
+      counted);
   start();
 }
 

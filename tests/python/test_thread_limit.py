@@ -35,7 +35,7 @@ report.update(samples=len(seen), distinct=len(set(seen)), values_ok=bool(ok), pe
               base_threads=base_threads, workers=len(pids), worker_threads=sorted(worker_threads),
               arena=it.plan.arena_threads)
 try:
-    iter(spindle.DataLoader(Images(), batch_size=64, num_workers=40))
+    iter(spindle.DataLoader(Images(), batch_size=64, num_workers=40, budget_policy="fail"))
     report["too_many"] = "no error"
 except spindle.ThreadBudgetError as e:
     report["too_many"] = str(e)
@@ -56,7 +56,8 @@ def test_sixteen_workers_finish_an_epoch_with_24_tasks_of_headroom():
 
 
 def test_workers_beyond_the_budget_fail_before_forking_with_the_numbers():
-    """40 workers under 24 tasks of headroom raise ThreadBudgetError naming ulimit -u and the budget."""
+    """40 workers under 24 tasks of headroom with budget_policy="fail" raise ThreadBudgetError naming
+    ulimit -u and the budget."""
     done = run_limited(EPOCH_UNDER_LIMIT, headroom=24)
     assert done.returncode == 0, done.stderr
     msg = json.loads(done.stdout.strip().splitlines()[-1])["too_many"]

@@ -51,7 +51,8 @@ namespace spindle {
 
 // What a loader does when fewer tasks are available than it asked for.
 enum class BudgetPolicy {
-  kShrink,  // run with as many workers as fit (at least 1), one warning with the numbers
+  kShrink,  // run with as many workers as fit (at least 1; with none free, retried for
+            // kSettle while other leases are pending), one warning with the numbers
   kWait,    // poll the ledger until enough tasks are free, up to the loader's timeout
   kFail,    // throw ThreadBudgetError at once
 };
@@ -125,6 +126,10 @@ class BudgetLedger {
   static constexpr int64_t kMaxTasks = int64_t{1} << 22;  // pid_max's ceiling
   static constexpr auto kPollPeriod = std::chrono::milliseconds(50);
   static constexpr auto kLockTimeout = std::chrono::seconds(5);
+  // kShrink with nothing free while other processes hold pending tasks
+  // retries this long before refusing: they may be between fork and marking
+  // the worker started.
+  static constexpr auto kSettle = std::chrono::seconds(2);
 
   // The process's ledger; its table path is read from the environment on
   // every access (SPINDLE_LEDGER, SPINDLE_LEDGER_PATH, default per uid).
@@ -137,8 +142,9 @@ class BudgetLedger {
 
   // Grants `num_workers` workers (+ the arena threads the plan allows) out of
   // read_budget().budget() minus every live lease's pending tasks, following
-  // `policy` when short. `timeout` bounds kWait (0: no bound); `poll` is called
-  // every kPollPeriod while waiting (it may throw, e.g. on Ctrl-C). Throws
+  // `policy` when short. `timeout` bounds kWait (0: no bound). While waiting,
+  // `poll` is called between attempts instead of sleeping kPollPeriod: it paces
+  // the wait and may throw (e.g. on Ctrl-C). Throws
   // ThreadBudgetError with the numbers when nothing fits.
   LedgerGrant acquire(int num_workers, BudgetPolicy policy, std::chrono::milliseconds timeout,
                       const std::function<ThreadBudget()>& read_budget,

@@ -63,8 +63,9 @@ struct LoaderOptions {
   // fewer workers (kShrink; budget_note() says so), wait up to `timeout` for
   // leases to come back (kWait; 0 waits without bound), or throw (kFail).
   BudgetPolicy budget_policy = BudgetPolicy::kShrink;
-  // Called every ~50 ms while kWait waits; may throw to stop waiting (the
-  // Python layer raises KeyboardInterrupt from it).
+  // Called between attempts while kWait waits, in place of a 50 ms sleep
+  // (BudgetLedger::acquire); may throw to stop waiting (the Python layer
+  // sleeps there without the GIL and raises KeyboardInterrupt from it).
   std::function<void()> budget_poll;
   BudgetSources budget_sources;          // where limits are read (tests fake it)
 };

@@ -1,0 +1,265 @@
+"""The node budget ledger: loaders of several processes share one thread budget (issue #9)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import spindle
+from spindle import _core
+
+unprivileged = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                  reason="needs root to switch to an unprivileged uid")
+
+
+class Numbers:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.int64)
+
+
+@pytest.fixture
+def ledger_path(tmp_path, monkeypatch):
+    """A private lease table for this test (the default one is per uid, shared with everything)."""
+    path = f"/dev/shm/spindle-ledger-pytest.{os.getpid()}.{time.monotonic_ns()}"
+    monkeypatch.setenv("SPINDLE_LEDGER_PATH", path)
+    yield path
+    if os.path.lexists(path):
+        os.unlink(path)
+
+
+RACERS = r'''
+import json, os, subprocess, sys, tempfile, time
+root = tempfile.mkdtemp(prefix="spindle-racers-")  # ours: the script's own directory is root's
+child = os.path.join(root, "racer.py")
+open(child, "w").write(RACER)
+go = os.path.join(root, "go")
+env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+kids = [subprocess.Popen([sys.executable, child, go, str(k)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True) for k in range(4)]
+# Barrier: every racer has imported numpy and spindle and waits for `go`.
+while len([n for n in os.listdir(root) if n.startswith("ready.")]) < 4:
+    time.sleep(0.01)
+open(go, "w").close()
+out = []
+for k in kids:
+    stdout, stderr = k.communicate(timeout=240)
+    out.append({"rc": k.returncode, "stdout": stdout, "stderr": stderr})
+import shutil
+shutil.rmtree(root)
+print(json.dumps(out))
+'''
+
+RACER = r'''
+import json, os, sys, time, warnings
+import numpy as np, spindle
+go, k = sys.argv[1], int(sys.argv[2])
+class Numbers:
+    def __len__(self): return 512
+    def __getitem__(self, i): return np.full(4, i, np.int64)
+open(os.path.join(os.path.dirname(go), f"ready.{k}"), "w").close()
+while not os.path.exists(go):
+    time.sleep(0.0005)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    it = iter(spindle.DataLoader(Numbers(), batch_size=16, num_workers=8))
+    seen = []
+    peak = 0
+    for batch in it:
+        seen += batch[:, 0].tolist()
+        peak = max(peak, spindle.count_process_threads(os.getpid()) +
+                   sum(spindle.count_process_threads(p) for p in it.worker_pids))
+print(json.dumps({"workers": it.plan.num_workers, "arena": it.plan.arena_threads,
+                  "samples": len(seen), "distinct": len(set(seen)), "peak": peak,
+                  "warnings": [str(w.message) for w in caught
+                               if issubclass(w.category, spindle.ThreadBudgetWarning)]}))
+'''
+
+
+def run_racers(headroom, extra_env=None):
+    """Runs 4 racers (as uid 65534) released together; returns their results."""
+    from unprivileged import run_limited
+    launcher = f"RACER = {RACER!r}\n" + RACERS
+    if extra_env:
+        launcher = f"import os\nos.environ.update({extra_env!r})\n" + launcher
+    done = run_limited(launcher, headroom=headroom, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@unprivileged
+def test_four_racing_processes_of_eight_workers_share_28_tasks():
+    """4 processes started at one moment, each asking 8 workers with 28 tasks of headroom in all
+    (ulimit -u), all finish their epoch with every sample; the ledger shrinks the late ones, and
+    the warnings name the numbers."""
+    # +4: the racers' own interpreters (1 thread each, OpenBLAS capped to 1); the launcher is run_limited's +1.
+    results = run_racers(headroom=28 + 4)
+    for r in results:
+        assert r["rc"] == 0, r["stderr"]
+    reports = [json.loads(r["stdout"].strip().splitlines()[-1]) for r in results]
+    for rep in reports:
+        assert (rep["samples"], rep["distinct"]) == (512, 512), rep
+    workers = [rep["workers"] for rep in reports]
+    arenas = [rep["arena"] for rep in reports]
+    assert sum(workers) + sum(arenas) <= 28, reports
+    shrunk = [rep for rep in reports if rep["workers"] < 8]
+    assert shrunk, reports
+    for rep in shrunk:
+        assert len(rep["warnings"]) == 1, rep
+        assert f"8 workers asked, {rep['workers']} started" in rep["warnings"][0], rep
+        assert "RLIMIT_NPROC soft=" in rep["warnings"][0] and "leased" in rep["warnings"][0]
+    for rep in reports:
+        if rep["workers"] == 8:
+            assert rep["warnings"] == []
+
+
+POLICIES = r'''
+import json, threading, time, numpy as np, spindle
+class Numbers:
+    def __len__(self): return 64
+    def __getitem__(self, i): return np.full(4, i, np.int64)
+out = {}
+holder = spindle.DataLoader(Numbers(), batch_size=4, num_workers=8, persistent_workers=True)
+held = iter(holder)          # 8 workers alive: 2 of 10 tasks left
+next(held)
+def attempt(name, **kw):
+    t0 = time.monotonic()
+    try:
+        it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=4, **kw))
+        out[name] = {"workers": it.plan.num_workers, "samples": sum(len(b) for b in it)}
+    except spindle.ThreadBudgetError as e:
+        out[name] = {"error": str(e)}
+    out[name]["seconds"] = time.monotonic() - t0
+attempt("fail", budget_policy="fail")
+attempt("wait_timeout", budget_policy="wait", timeout=1.0)
+closer = threading.Timer(0.5, holder.close)
+closer.start()
+attempt("wait_ok", budget_policy="wait", timeout=30.0)
+closer.join()
+print(json.dumps(out))
+'''
+
+
+@unprivileged
+def test_fail_and_wait_policies_as_documented():
+    """With 2 of 10 tasks free: "fail" raises ThreadBudgetError at once with the numbers; "wait"
+    raises it after the loader's timeout; "wait" proceeds with all 4 workers once the holder closes."""
+    from unprivileged import run_limited
+    done = run_limited(POLICIES, headroom=10, timeout=120)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "4 workers do not fit the thread budget of 2 tasks" in r["fail"]["error"], r
+    assert r["fail"]["seconds"] < 1.0, r
+    assert "4 workers do not fit" in r["wait_timeout"]["error"] and "policy \"wait\"" in r["wait_timeout"]["error"]
+    assert r["wait_timeout"]["seconds"] >= 1.0, r
+    assert r["wait_ok"] == {"workers": 4, "samples": 64, "seconds": r["wait_ok"]["seconds"]}, r
+    assert r["wait_ok"]["seconds"] >= 0.4, r
+
+
+HOLDER = r'''
+import sys, numpy as np, spindle
+class Numbers:
+    def __len__(self): return 64
+    def __getitem__(self, i): return np.full(4, i, np.int64)
+it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=3, persistent_workers=True))
+next(it)
+print("ready", flush=True)
+sys.stdin.read()
+'''
+
+
+def test_leases_of_a_sigkilled_process_are_reclaimed_by_the_next_loader(ledger_path):
+    """A process holding a lease is SIGKILLed; its record shows dead, and the next loader reclaims it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        leases = _core.ledger_leases()
+        assert [(e["pid"], e["alive"]) for e in leases] == [(proc.pid, True)], leases
+        assert leases[0]["tasks"] >= 3 and leases[0]["pending"] == leases[0]["tasks"] - 3
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    time.sleep(0.2)  # its workers follow it (parent-death signal)
+    assert [(e["pid"], e["alive"]) for e in _core.ledger_leases()] == [(proc.pid, False)]
+    it = iter(spindle.DataLoader(Numbers(64), batch_size=4, num_workers=2))
+    assert [e["pid"] for e in _core.ledger_leases()] == [os.getpid()]
+    assert sum(len(b) for b in it) == 64
+    assert _core.ledger_leases() == []
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "empty"])
+def test_a_corrupt_table_is_rebuilt_by_the_next_loader(ledger_path, damage):
+    """Random bytes, a truncation or an empty file in place of the table: the next loader rebuilds
+    it (0600, the right size, its own lease in it) and loads its epoch."""
+    it = iter(spindle.DataLoader(Numbers(32), batch_size=4, num_workers=1))
+    size = os.path.getsize(ledger_path)
+    sum(len(b) for b in it)
+    with open(ledger_path, "r+b") as f:
+        if damage == "random bytes":
+            f.write(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())
+        else:
+            f.truncate(10 if damage == "truncated" else 0)
+    it = iter(spindle.DataLoader(Numbers(32), batch_size=4, num_workers=2))
+    assert os.path.getsize(ledger_path) == size
+    assert os.stat(ledger_path).st_mode & 0o7777 == 0o600
+    assert [(e["pid"], e["alive"]) for e in _core.ledger_leases()] == [(os.getpid(), True)]
+    assert sum(len(b) for b in it) == 32
+
+
+def test_a_foreign_mode_table_is_ignored_with_one_warning(ledger_path):
+    """A table with mode 0644 is not trusted: loaders still work (per-process budgeting) and
+    ledger_status says why."""
+    fd = os.open(ledger_path, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.fchmod(fd, 0o644)
+    os.close(fd)
+    it = iter(spindle.DataLoader(Numbers(16), batch_size=4, num_workers=1))
+    assert sum(len(b) for b in it) == 16
+    status = _core.ledger_status()
+    assert not status["usable"] and "mode 644" in status["warning"], status
+
+
+def test_ledger_off_uses_no_table(tmp_path, monkeypatch):
+    """SPINDLE_LEDGER=off: no table is created; loaders budget per process."""
+    path = tmp_path / "ledger"
+    monkeypatch.setenv("SPINDLE_LEDGER_PATH", str(path))
+    monkeypatch.setenv("SPINDLE_LEDGER", "off")
+    it = iter(spindle.DataLoader(Numbers(16), batch_size=4, num_workers=1))
+    assert sum(len(b) for b in it) == 16
+    assert not path.exists()
+
+
+def test_budget_policy_is_checked_and_read_from_the_environment(monkeypatch):
+    """budget_policy must be shrink/wait/fail; None reads $SPINDLE_BUDGET_POLICY (the torch drop-in's only way)."""
+    with pytest.raises(ValueError, match="budget_policy should be one of"):
+        spindle.DataLoader(Numbers(4), num_workers=1, budget_policy="never")
+    monkeypatch.setenv("SPINDLE_BUDGET_POLICY", "wait")
+    assert spindle.DataLoader(Numbers(4), num_workers=1).budget_policy == "wait"
+    monkeypatch.setenv("SPINDLE_BUDGET_POLICY", "bogus")
+    with pytest.raises(ValueError, match="SPINDLE_BUDGET_POLICY"):
+        spindle.DataLoader(Numbers(4), num_workers=1)
+
+
+def test_doctor_lists_the_leases(ledger_path):
+    """spindle doctor's report has a `leases` section with this process's live lease, printed after Use."""
+    from spindle import doctor
+    it = iter(spindle.DataLoader(Numbers(16), batch_size=4, num_workers=2))
+    report = doctor.collect(os.getpid())
+    entries = report["leases"]["entries"]
+    assert [(e["pid"], e["alive"]) for e in entries] == [(os.getpid(), True)]
+    text = doctor.format_text(report)
+    assert text.index("Use") < text.index("Leases (node budget ledger") < text.index("Headroom")
+    assert f"pid {os.getpid():>7}" in text
+    sum(len(b) for b in it)
