@@ -75,6 +75,13 @@ while not os.path.exists(go):
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     it = iter(spindle.DataLoader(Numbers(), batch_size=16, num_workers=8))
+    # Second barrier: every loader lives (its workers forked) before any epoch runs,
+    # so the 4 really hold their workers at the same time.
+    root = os.path.dirname(go)
+    open(os.path.join(root, f"started.{k}"), "w").close()
+    t0 = time.monotonic()
+    while len([n for n in os.listdir(root) if n.startswith("started.")]) < 4 and time.monotonic() - t0 < 60:
+        time.sleep(0.001)
     seen = []
     peak = 0
     for batch in it:
