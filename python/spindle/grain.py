@@ -110,7 +110,11 @@ class _PrefetchIterator(grain.DatasetIterator):
             runtime = _core.Loader(
                 order=np.empty(0, np.int64), round_robin=True, first_worker=self._next_in_cycle,
                 worker_main=lambda ctx: body(ctx), num_workers=n, batch_capacity=1,
-                prefetch_factor=self._buffer_size, in_order=True)
+                prefetch_factor=self._buffer_size, in_order=True,
+                # Not "shrink": grain's per-worker slices and checkpoint state are
+                # tied to the worker count the user chose (as before the ledger:
+                # ThreadBudgetError when short).
+                budget_policy="fail")
         return _WorkerIterator(runtime, batch_decoder(BatchReader()), owns=True)
 
     @property
