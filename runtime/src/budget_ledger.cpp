@@ -449,7 +449,9 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         const int64_t tasks = g.plan.num_workers + g.plan.arena_threads;
         impl_->leases[id] = Local{tasks, tasks, ""};
       };
+      bool decided = false;  // the table was read and the decision made under its lock
       const bool shared = impl_->with_table(path, [&](Table& t, int64_t others, pid_t me, uint64_t my_start) {
+        decided = true;
         grant = decide(others);
         if (!grant) return false;
         record(*grant);
@@ -463,7 +465,7 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         l.path.clear();  // table full: this lease is known to this process only
         return false;
       });
-      if (!shared) {
+      if (!shared && !decided) {  // no usable table: this process's leases only
         grant = decide(0);
         if (grant) record(*grant);
       }
