@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -35,9 +35,9 @@ class ThreadBudget:
         ...
     def __repr__(self) -> str:
         ...
-    def plan(self, num_workers: typing.SupportsInt | typing.SupportsIndex) -> ThreadPlan:
+    def plan(self, num_workers: typing.SupportsInt | typing.SupportsIndex, pending: typing.SupportsInt | typing.SupportsIndex = 0) -> ThreadPlan:
         """
-        Plan for num_workers workers; raises ThreadBudgetError, with the numbers, if they do not fit.
+        Plan for num_workers workers out of the budget less `pending` tasks leased elsewhere and not started yet; raises ThreadBudgetError, with the numbers, if they do not fit.
         """
     @property
     def budget(self) -> int | None:
@@ -199,7 +199,7 @@ class AttachedWorker:
     def context(self) -> WorkerContext:
         ...
 class Loader:
-    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex = 0, max_batch_bytes: typing.SupportsInt | typing.SupportsIndex | None = None, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
+    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex = 0, max_batch_bytes: typing.SupportsInt | typing.SupportsIndex | None = None, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [], budget_policy: str = 'shrink') -> None:
         ...
     def close(self, grace: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
         """
@@ -209,6 +209,11 @@ class Loader:
         ...
     def reset(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None) -> None:
         ...
+    @property
+    def budget_note(self) -> str:
+        """
+        One line with the numbers when the loader runs with fewer workers than asked, else ''.
+        """
     @property
     def closed(self) -> bool:
         ...
@@ -224,6 +229,11 @@ class Loader:
     @property
     def plan(self) -> ThreadPlan:
         ...
+    @property
+    def requested_workers(self) -> int:
+        """
+        Workers asked for (plan.num_workers may be fewer under budget_policy="shrink").
+        """
     @property
     def worker_pids(self) -> list[int]:
         ...
@@ -471,6 +481,14 @@ def hflip(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy
 def image_info(data: typing_extensions.Buffer) -> tuple[int, int, int, str]:
     """
     (height, width, channels, format) from the headers only.
+    """
+def ledger_leases() -> list[dict]:
+    """
+    The node budget ledger's leases as found (pid, start_time, lease_id, tasks, pending, alive), or this process's own if the shared table is not used.
+    """
+def ledger_status() -> dict:
+    """
+    Where the node budget ledger is and whether it is used (with the reason if not).
     """
 def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], std: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], chw: bool = False) -> numpy.typing.NDArray[numpy.float32]:
     """
