@@ -222,12 +222,14 @@ void horizontal(const uint8_t* src, int in_w, int ch, int row0, int rows, Coeffs
 
 // src (rows `src_stride` bytes apart; row_len bytes used from each) -> dst
 // (out_h x row_len), bounds relative to src row 0.
-// Cloned for AVX2 (picked at load time where the CPU has it): its 32-bit
-// multiplies vectorize 8 wide; the baseline x86-64 build has no pmulld.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target_clones("avx2", "default")))
-#endif
-void vertical(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h, uint8_t* dst) {
+// Compiled twice, baseline and AVX2 (its 32-bit multiplies vectorize 8 wide;
+// the baseline x86-64 build has no pmulld), and picked at run time. Not
+// target_clones: its ifunc resolver runs before a sanitizer's runtime is up
+// and crashes the sanitizer builds.
+// always_inline: the body must be compiled inside each variant, with its target.
+template <int kVariant>
+__attribute__((always_inline)) inline void vertical_impl(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h,
+                          uint8_t* dst) {
   std::vector<int32_t> acc(row_len);
   for (int yy = 0; yy < out_h; ++yy) {
     const int ymin = c.bounds[yy * 2], n = c.bounds[yy * 2 + 1];
@@ -241,6 +243,26 @@ void vertical(const uint8_t* src, size_t src_stride, size_t row_len, const Coeff
     uint8_t* d = dst + static_cast<size_t>(yy) * row_len;
     for (size_t i = 0; i < row_len; ++i) d[i] = clip8(acc[i]);
   }
+}
+
+void vertical_default(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h,
+                      uint8_t* dst) {
+  vertical_impl<0>(src, src_stride, row_len, c, out_h, dst);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) void vertical_avx2(const uint8_t* src, size_t src_stride, size_t row_len,
+                                                   const Coeffs& c, int out_h, uint8_t* dst) {
+  vertical_impl<1>(src, src_stride, row_len, c, out_h, dst);
+}
+#endif
+
+void vertical(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h, uint8_t* dst) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return vertical_avx2(src, src_stride, row_len, c, out_h, dst);
+#endif
+  vertical_default(src, src_stride, row_len, c, out_h, dst);
 }
 
 }  // namespace
