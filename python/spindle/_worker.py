@@ -15,7 +15,7 @@ import random
 import signal
 import sys
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -104,12 +104,13 @@ def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
     return decode
 
 
-def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
-    """Prepares a worker before any user code; False if `setup` raised.
+def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
+    """Prepares a worker before any user code; the packed exception if `setup` raised.
 
     A failing setup (seeding, worker_init_fn, opening a stream) reaches the
-    consumer as the exception itself, through the first item this worker
-    claims; the worker then stops.
+    consumer as the exception itself, through each item this worker claims
+    (see _answer_failed_start); as in torch, the error surfaces at ``next()``
+    and the worker stays up, so the consumer never sees a bare exit code.
     """
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
@@ -117,14 +118,18 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> bool:
     cap_worker_pools()  # before any user code can start a pool
     try:
         setup(ctx.worker_id, ctx.num_workers)
-        return True
+        return None
     except Exception as exc:
-        item = ctx.claim()
-        if item is not None:
-            exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
-                         "dataset's setup), before any sample.")
-            ctx.fail(item, pack_exception(exc, -1, ctx.worker_id, MIN_SLOT_BYTES))
-        return False
+        exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
+                     "dataset's setup), before any sample.")
+        return pack_exception(exc, -1, ctx.worker_id, MIN_SLOT_BYTES)
+
+
+def _answer_failed_start(ctx: Any, failure: bytes) -> int:
+    """A worker whose setup failed answers every item it claims with that failure, until closed."""
+    while (item := ctx.claim()) is not None:
+        ctx.fail(item, failure)
+    return 0
 
 
 def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None]) -> int:
@@ -132,8 +137,8 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     CollatedBatches) writes each batch into its slot; `setup(worker_id,
     num_workers)` seeds the worker and runs the user's init function before
     any sample is read."""
-    if not _start(ctx, setup):
-        return 1
+    if (failure := _start(ctx, setup)) is not None:
+        return _answer_failed_start(ctx, failure)
     worker_id = ctx.worker_id
     # The worker's crash record: the sample being loaded, read by the consumer
     # if this process dies.
@@ -168,8 +173,8 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
     `batch_size` samples from its own `iter(dataset)` (which may shard itself by
     worker id); once the stream ends, every item is answered "exhausted"."""
     streams: list[Iterator[Any]] = []
-    if not _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset)))):
-        return 1
+    if (failure := _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset))))) is not None:
+        return _answer_failed_start(ctx, failure)
     stream = streams[0]
     worker_id = ctx.worker_id
     record = ctx.sample_record()

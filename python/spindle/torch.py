@@ -33,11 +33,13 @@ Differences from torch are listed in docs/torch_dropin.md.
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import os
 import random
+import re
 import warnings
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -52,12 +54,17 @@ from ._layout import BatchReader
 from ._spawned import payload_fd, worker_argv
 from ._worker import CollatedBatches, batch_decoder, run_stream_worker, run_worker
 from .dataloader import _WorkerIterator
+from .errors import WorkerDiedError
 
 __all__ = ["DataLoader"]
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class DataLoader:
-    """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults."""
+
+class DataLoader(Generic[_T_co]):
+    """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults.
+
+    Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations)."""
 
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
@@ -80,12 +87,22 @@ class DataLoader:
         self._stream_epochs = 0
         self._runtime_epoch = 0
         self._persistent_epoch = 0
+        self._keyed = False  # the persistent workers look indices up in an epoch's table (_ByPosition)
 
     # torch's public attributes, read-through.
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "_torch":
             raise AttributeError(name)
         return getattr(self._torch, name)
+
+    # Public attributes are torch's too: torch checks the assignment (batch_size,
+    # sampler, batch_sampler, drop_last, dataset, persistent_workers raise
+    # ValueError once the loader is built) and stores it where we read it.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or "_torch" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._torch, name, value)
 
     def __len__(self) -> int:
         return len(self._torch)
@@ -113,10 +130,23 @@ class DataLoader:
             batches = [[i] for i in sampler_iter]
         if not batches:
             return iter(())
-        order = np.fromiter((i for b in batches for i in b), dtype=np.int64)
+        keys = [i for b in batches for i in b]
+        dataset = loader.dataset
+        if all(isinstance(i, numbers.Integral) for i in keys):
+            order = np.array(keys, dtype=np.int64)
+        else:
+            # A sampler yielding lists, slices, strings... (bulk loading with
+            # batch_size=None): the runtime carries positions, the worker looks
+            # each one up in this epoch's table. Workers keep the table they
+            # were started with, so this epoch gets its own workers.
+            order = np.arange(len(keys), dtype=np.int64)
+            dataset = _ByPosition(loader.dataset, keys)
+            if reuse:
+                self.close()
+                reuse = False
         starts = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
         capacity = max(len(b) for b in batches)
-        if reuse and capacity > self._capacity:  # this epoch's batches outgrow the workers' slots
+        if reuse and (capacity > self._capacity or self._keyed):  # outgrown slots, or last epoch's table
             self.close()
             reuse = False
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
@@ -129,21 +159,25 @@ class DataLoader:
             try:
                 self._runtime.reset(order=order, starts=starts)
                 self._persistent_epoch += 1
-                return _WorkerIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+                return _TorchIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
             except Exception:
                 self._runtime.close()
                 self._runtime = None
         transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
+        # In order, batch k goes to worker k mod N, as torch sends it. Out of
+        # order, torch gives a batch only to a worker with room (a slow worker
+        # is skipped); here a free worker takes the next batch.
         runtime = self._runtime_for(
-            run_worker, dict(dataset=loader.dataset, transport=transport, setup=setup),
-            order=order, starts=starts, assign_in_turn=True, num_workers=loader.num_workers,
+            run_worker, dict(dataset=dataset, transport=transport, setup=setup),
+            order=order, starts=starts, assign_in_turn=loader.in_order, num_workers=loader.num_workers,
             batch_capacity=self._capacity, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
             timeout=loader.timeout)
         if not self.persistent_workers:
-            return _WorkerIterator(runtime, decode, owns=True)
+            return _TorchIterator(runtime, decode, owns=True)
         self._runtime = runtime
+        self._keyed = dataset is not loader.dataset
         self._persistent_epoch += 1
-        return _WorkerIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+        return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
     def _collate(self) -> Callable[[list], Any]:
         loader = self._torch
@@ -210,7 +244,8 @@ class DataLoader:
                                     drop_last=loader.drop_last),
             order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
-        return _WorkerIterator(runtime, decode, owns=True)
+        return _TorchIterator(runtime, decode, owns=True, stream_len=loader._IterableDataset_len_called,
+                              dataset=loader.dataset)
 
     def close(self) -> None:
         """Stops persistent workers now."""
@@ -222,6 +257,57 @@ class DataLoader:
         runtime = self.__dict__.get("_runtime")
         if runtime is not None:
             runtime.close()
+
+
+class _TorchIterator(_WorkerIterator):
+    """One epoch, with torch's words for a dead worker, and torch's warning when an
+    IterableDataset yields more than the ``len(loader)`` read before ``iter()``."""
+
+    def __init__(self, runtime: _core.Loader, decode: Callable[[Any], Any], *, stream_len: Optional[int] = None,
+                 dataset: Any = None, **kwargs: Any) -> None:
+        super().__init__(runtime, decode, **kwargs)
+        self._stream_len = stream_len
+        self._dataset = dataset
+        self._num_yielded = 0
+
+    def __next__(self) -> Any:
+        try:
+            data = super().__next__()
+        except WorkerDiedError as died:
+            raise WorkerDiedError(_torch_words(str(died))) from None
+        self._num_yielded += 1
+        if self._stream_len is not None and self._num_yielded > self._stream_len:
+            warnings.warn(
+                f"Length of IterableDataset {self._dataset} was reported to be {self._stream_len}"
+                f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
+                stacklevel=2)
+        return data
+
+
+def _torch_words(message: str) -> str:
+    """Prefixes the runtime's report of a dead worker with the sentence torch raises for it."""
+    killed = re.search(r"\(pid (\d+)\) was killed by signal \d+ \(([^)]*)\)", message)
+    if killed:
+        return f"DataLoader worker (pid {killed[1]}) is killed by signal: {killed[2]}. {message}"
+    exited = re.search(r"\(pid (\d+)\) exited with code", message)
+    if exited:
+        return f"DataLoader worker (pid(s) {exited[1]}) exited unexpectedly. {message}"
+    return message
+
+
+class _ByPosition:
+    """The dataset as the workers see it when the sampler's indices are not integers:
+    position p of this epoch's order stands for keys[p]."""
+
+    def __init__(self, dataset: Any, keys: list[Any]) -> None:
+        self.dataset = dataset
+        self.keys = keys
+
+    def __getitem__(self, position: int) -> Any:
+        return self.dataset[self.keys[position]]
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:

@@ -276,3 +276,249 @@ def test_random_augmentations_in_workers_equal_torchs():
     expected, got = both(Augmented(), batch_size=4, shuffle=True, num_workers=3, seed=21)
     for a, b in zip(got, expected):
         same(a, b)
+
+
+class BarrierSeeds(Dataset):
+    """Each sample waits until every worker holds one (a barrier across workers), then reports its
+    worker's torch seed: a dataset that cannot load in a process of its own."""
+
+    def __init__(self, workers):
+        import multiprocessing
+        self.barrier = multiprocessing.get_context("fork").Barrier(workers)
+        self.workers = workers
+
+    def __len__(self):
+        return self.workers
+
+    def __getitem__(self, i):
+        self.barrier.wait(timeout=60)
+        return torch.initial_seed()
+
+
+def test_datasets_that_wait_for_every_worker_load_like_torch():
+    """Dataset code runs only in the workers (nothing is read ahead alone), so samples that wait for
+    each other load, and each worker's seed is torch's for the same generator."""
+    seeds = []
+    for cls in (TorchLoader, DataLoader):
+        loader = cls(BarrierSeeds(3), batch_size=1, num_workers=3, timeout=90,
+                     generator=torch.Generator().manual_seed(42))
+        seeds.append({int(b) for b in loader})
+    assert len(seeds[1]) == 3 and seeds[1] == seeds[0]
+
+
+def failing_init(worker_id):
+    raise RuntimeError("Error in worker_init_fn")
+
+
+@pytest.mark.parametrize("cls", [TorchLoader, DataLoader], ids=["torch", "spindle"])
+def test_a_failing_worker_init_fn_raises_at_next_not_at_iter(cls):
+    """As in torch, iter() starts the workers without raising; the worker_init_fn error surfaces at next()."""
+    it = iter(cls(Mixed(), batch_size=4, num_workers=2, worker_init_fn=failing_init))
+    with pytest.raises(RuntimeError, match="Error in worker_init_fn"):
+        next(it)
+
+
+class Unreliable(Dataset):
+    """__getitem__ is missing: every batch fails with NotImplementedError."""
+
+    def __len__(self):
+        return 41
+
+
+def test_every_failing_batch_raises_and_the_epoch_goes_on_like_torch():
+    """torch's test_error_workers: each batch raises the worker's exception at next(), and the iterator
+    continues to the end (ceil(41 / 2) errors, then StopIteration)."""
+    for cls in (TorchLoader, DataLoader):
+        it, errors = iter(cls(Unreliable(), batch_size=2, shuffle=True, num_workers=4)), 0
+        while True:
+            try:
+                next(it)
+            except NotImplementedError:
+                errors += 1
+            except StopIteration:
+                break
+        assert errors == 21
+
+
+class Bulk(Dataset):
+    """Reads many records per call: the sampler yields lists of indices."""
+
+    def __len__(self):
+        return 35
+
+    def __getitem__(self, indices):
+        assert isinstance(indices, list)
+        return torch.as_tensor(indices)
+
+
+class ListSampler(torch.utils.data.Sampler):
+    def __iter__(self):
+        return iter([list(range(i, min(i + 4, 35))) for i in range(0, 35, 4)])
+
+    def __len__(self):
+        return 9
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_bulk_loading_with_a_sampler_of_lists_gives_torchs_batches(persistent):
+    """batch_size=None with a sampler yielding lists hands each list to __getitem__, as torch does (two
+    epochs when workers persist)."""
+    loaders = [cls(Bulk(), batch_size=None, sampler=ListSampler(), num_workers=2, persistent_workers=persistent)
+               for cls in (TorchLoader, DataLoader)]
+    for _ in range(2 if persistent else 1):
+        expected, got = (list(loader) for loader in loaders)
+        assert len(got) == len(expected) == 9
+        for a, b in zip(got, expected):
+            same(a, b)
+    loaders[1].close()
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        import time
+        time.sleep(3)
+        return i
+
+
+def test_timeout_says_what_torch_says():
+    """A batch slower than `timeout` raises RuntimeError with torch's 'DataLoader timed out after N seconds'."""
+    with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+ seconds"):
+        next(iter(DataLoader(Slow(), batch_size=2, num_workers=2, timeout=1)))
+
+
+@pytest.mark.parametrize("attr", ["batch_size", "sampler", "batch_sampler", "drop_last", "dataset",
+                                  "persistent_workers"])
+def test_assigning_fixed_attributes_after_construction_raises_like_torch(attr):
+    """Setting batch_size, sampler, batch_sampler, drop_last, dataset or persistent_workers on a built
+    loader raises torch's ValueError; other attributes are torch's to set."""
+    with pytest.raises(ValueError) as theirs:
+        setattr(TorchLoader(Mixed()), attr, {})
+    with pytest.raises(ValueError) as ours:
+        setattr(DataLoader(Mixed()), attr, {})
+    assert str(ours.value) == str(theirs.value)
+    loader = DataLoader(Mixed(), num_workers=1)
+    loader.num_workers = 2
+    assert loader.num_workers == 2 and len(list(loader)) == 97
+
+
+def test_the_class_is_generic_like_torchs():
+    """DataLoader[list[torch.Tensor]] is valid in annotations, as torch's class is Generic."""
+    alias = DataLoader[list[torch.Tensor]]
+    assert alias.__origin__ is DataLoader
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """Not sharded by worker: each worker yields all 20 samples, more than len()."""
+
+    def __iter__(self):
+        return iter(range(20))
+
+    def __len__(self):
+        return 20
+
+
+def test_an_iterable_dataset_yielding_past_its_len_warns_like_torch():
+    """After len(loader) was read, every batch past that length warns as torch does; none before."""
+    loader = DataLoader(Counting(), num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sum(1 for _ in loader) == 40  # len() not read yet: no warning
+    assert len(loader) == 20
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(20):
+            next(it)
+    for _ in range(3):
+        with pytest.warns(UserWarning, match=r"but [0-9]+ samples have been fetched\. For multiprocessing"):
+            next(it)
+
+
+START_METHOD = """
+import multiprocessing, sys
+import torch
+from spindle.torch import DataLoader
+
+MARK = "as imported"
+
+
+class WhereLoaded(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return MARK
+
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[1])
+    MARK = "set in the parent"  # forked workers see this; new interpreters re-import the module
+    print(sorted({s for b in DataLoader(WhereLoaded(), batch_size=2, num_workers=2) for s in b}))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_the_global_start_method_is_honoured(method, tmp_path):
+    """With multiprocessing_context=None, multiprocessing.set_start_method('spawn'|'forkserver') starts
+    workers as new interpreters, as torch does; 'fork' forks."""
+    script = tmp_path / "start_method.py"
+    script.write_text(START_METHOD)
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = "set in the parent" if method == "fork" else "as imported"
+    assert done.stdout.strip() == repr([expected]), done.stdout
+
+
+class StuckFirst(Dataset):
+    """Sample 0 takes 3 seconds; the others are instant."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import time
+        if i == 0:
+            time.sleep(3)
+        return i
+
+
+@pytest.mark.parametrize("cls", [TorchLoader, DataLoader], ids=["torch", "spindle"])
+def test_out_of_order_loading_stops_feeding_a_stuck_worker(cls):
+    """in_order=False: while one worker is stuck, the others get the following batches; at most
+    prefetch_factor batches (those the stuck worker already holds) arrive after the stuck one."""
+    delivered = [int(b) for b in cls(StuckFirst(), batch_size=1, num_workers=2, prefetch_factor=2, in_order=False)]
+    assert sorted(delivered) == list(range(12))
+    assert delivered.index(0) >= len(delivered) - 2, delivered
+
+
+def test_out_of_order_iterable_datasets_give_torchs_batches():
+    """in_order=False over an IterableDataset that shards by worker: the same batches as torch's."""
+    expected, got = both(Shards(), batch_size=3, num_workers=3, in_order=False)
+    key = lambda b: b["value"].tolist()  # noqa: E731
+    expected, got = sorted(expected, key=key), sorted(got, key=key)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        same(a, b)
+
+
+def test_workers_exit_when_the_iterator_is_dropped_early():
+    """torch's test_partial_workers: breaking out after a few batches and dropping the iterator ends
+    every worker process."""
+    import os
+    import time
+    it = iter(DataLoader(Mixed(), batch_size=2, num_workers=4))
+    pids = it.worker_pids
+    for i, _ in enumerate(it):
+        if i == 10:
+            break
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{p}") for p in pids)
