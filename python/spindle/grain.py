@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import grain
+from grain._src.python import data_loader as _grain_data_loader
+from grain._src.python.dataset import base as _grain_base
+from grain._src.python.dataset import dataset as _grain_dataset
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
@@ -35,9 +39,13 @@ from ._forking import call_in_fork, forking
 from ._layout import BatchReader
 from ._worker import CollatedBatches, batch_decoder, run_stream_worker
 from .dataloader import _WorkerIterator
+from .errors import WorkerDiedError
 
 __all__ = ["DataLoader", "mp_prefetch"]
 
+# grain's own class, bound at import: the usual monkeypatch
+# `grain.DataLoader = spindle.grain.DataLoader` must not make ours build itself.
+_GrainDataLoader = _grain_data_loader.DataLoader
 
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
@@ -70,6 +78,10 @@ class _PrefetchDataset(grain.IterDataset):
         return _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
                                  self._sequential_slice)
 
+    @property
+    def _element_spec(self) -> Any:
+        return _grain_dataset.get_element_spec(self._parent)
+
 
 class _PrefetchIterator(grain.DatasetIterator):
     """Elements from the workers in turn. Its state has grain's multi-process format
@@ -87,19 +99,38 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._states: Optional[list[Any]] = None  # each worker's iterator state after its last element
         self._next_in_cycle = 0
         self._it: Optional[_WorkerIterator] = None
+        # As grain's prefetch iterator: the options set upstream reach the
+        # iterators after this one (they share this context), and options set
+        # downstream are merged into it before the first element, then carried
+        # into the workers (_start).
+        self._ctx.dataset_options = _grain_prefetch.get_dataset_options(ds)
 
     def __next__(self) -> Any:
         if self._it is None:
             self._it = self._start()
-        worker, state, element = next(self._it)
+        try:
+            worker, state, element = next(self._it)
+        except WorkerDiedError as died:
+            # grain's words for a worker that exited (e.g. sys.exit in a transform).
+            code = re.search(r"exited with code (-?\d+)", str(died))
+            if code is None:
+                raise
+            raise WorkerDiedError(f"Worker process was terminated unexpectedly with exit code {code[1]}. "
+                                  f"{died}") from None
         self._states[worker] = state
         self._next_in_cycle = (worker + 1) % self._n
         return element
 
+    def start_prefetch(self) -> None:
+        """Starts the workers now, so that elements are ready before the first ``next()``."""
+        if self._it is None:
+            self._it = self._start()
+
     def _start(self) -> _WorkerIterator:
         n = self._n
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
-                        worker_init_fn=self._worker_init_fn, states=self._states)
+                        worker_init_fn=self._worker_init_fn, states=self._states,
+                        options=self._ctx.dataset_options)
         if self._states is None:
             self._states = [None] * n  # None: the worker starts its slice from the beginning
         # Elements travel pickled; slots grow to the largest element.
@@ -130,7 +161,8 @@ class _PrefetchIterator(grain.DatasetIterator):
         fresh = [w for w, state in enumerate(self._states) if state is None]
         if fresh:  # workers that have not produced an element yet: the state of a new slice
             for w in fresh:
-                self._states[w] = call_in_fork(partial(_initial_state, self._ds, self._n, w, self._sequential_slice))
+                self._states[w] = call_in_fork(partial(_initial_state, self._ds, self._n, w, self._sequential_slice,
+                                                       self._ctx.dataset_options))
         return {
             "next_index_in_cycle": self._next_in_cycle,
             "next_index_in_datasets": self._n,
@@ -146,6 +178,25 @@ class _PrefetchIterator(grain.DatasetIterator):
         self.close()
         self._states = [copy.deepcopy(s) for s in state["iterators_in_use_states"]]
         self._next_in_cycle = state["next_index_in_cycle"] % self._n
+
+    def _get_next_index(self) -> int:
+        """The index of the next element (one worker only, as in grain)."""
+        self._need_one_worker("get_next_index")
+        state = self.get_state()["iterators_in_use_states"][0]
+        return call_in_fork(partial(_next_index_at, self._ds, state, self._ctx.dataset_options))
+
+    def _set_next_index(self, index: int) -> None:
+        """Continues from element `index` (one worker only, as in grain); the worker restarts there."""
+        self._need_one_worker("set_next_index")
+        state = call_in_fork(partial(_state_at_index, self._ds, index, self._ctx.dataset_options))
+        self.close()
+        self._states = [state]
+        self._next_in_cycle = 0
+
+    def _need_one_worker(self, what: str) -> None:
+        if self._n != 1:
+            raise NotImplementedError(f"{what} is not supported for spindle.grain.mp_prefetch with more than one "
+                                      f"worker ({self._n}), as in grain.")
 
     def close(self) -> None:
         """Stops the workers; the next element starts them again from the current state."""
@@ -172,26 +223,49 @@ class _WorkerSlice:
 
 def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_slice: bool,
                       worker_init_fn: Optional[Callable[[int, int], None]],
-                      states: Optional[list[Any]]) -> None:
+                      states: Optional[list[Any]], options: Any) -> None:
     """In a worker (a fork, so `ds` is already this process's own copy): keep records
     worker_id, worker_id + N, ... exactly as grain slices for its own workers, and
     resume from `states[worker_id]` when given."""
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
-    _grain_prefetch._set_slice_iter_dataset(ds, slice(worker_id, None, num_workers), sequential_slice)
-    _read_in_this_thread(ds)
-    it = iter(ds)
+    it = _worker_iterator(ds, num_workers, worker_id, sequential_slice, options)
     if states is not None and states[worker_id] is not None:
         it.set_state(copy.deepcopy(states[worker_id]))
     _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id
 
 
-def _initial_state(ds: Any, num_workers: int, worker: int, sequential_slice: bool) -> Any:
-    """In a throwaway fork (its own copy-on-write copy of the pipeline, which slicing
-    mutates): the iterator state of `worker`'s slice before any element."""
-    _grain_prefetch._set_slice_iter_dataset(ds, slice(worker, None, num_workers), sequential_slice)
+def _worker_iterator(ds: Any, num_workers: int, worker: int, sequential_slice: bool, options: Any) -> Any:
+    """In a worker or a throwaway fork (slicing mutates `ds`): the iterator grain's worker
+    `worker` runs. As in grain: one worker reads the whole pipeline unsliced (so a source
+    that cannot be sliced works); the iterator knows its worker index and count (which
+    seed random_map differently per worker); and the pipeline's options, including
+    those set after mp_prefetch, apply inside the worker."""
+    if num_workers > 1:
+        _grain_prefetch._set_slice_iter_dataset(ds, slice(worker, None, num_workers), sequential_slice)
     _read_in_this_thread(ds)
-    return iter(ds).get_state()
+    ds = _grain_prefetch._MpContextIterDataset(
+        ds, _grain_base.MultiprocessingContext(process_index=worker, process_count=num_workers))
+    return iter(_grain_dataset.WithOptionsIterDataset(ds, options))
+
+
+def _initial_state(ds: Any, num_workers: int, worker: int, sequential_slice: bool, options: Any) -> Any:
+    """In a throwaway fork: the iterator state of `worker`'s slice before any element."""
+    return _worker_iterator(ds, num_workers, worker, sequential_slice, options).get_state()
+
+
+def _next_index_at(ds: Any, state: Any, options: Any) -> int:
+    """In a throwaway fork: the next index of the single worker's iterator at `state`."""
+    it = _worker_iterator(ds, 1, 0, False, options)
+    it.set_state(state)
+    return _grain_dataset.get_next_index(it)
+
+
+def _state_at_index(ds: Any, index: int, options: Any) -> Any:
+    """In a throwaway fork: the state of the single worker's iterator set to continue at `index`."""
+    it = _worker_iterator(ds, 1, 0, False, options)
+    _grain_dataset.set_next_index(it, index)
+    return it.get_state()
 
 
 def _read_in_this_thread(ds: Any) -> None:
@@ -229,7 +303,7 @@ class DataLoader:
             raise ValueError("Worker count should be greater than or equal zero."
                              f"Current worker_count is {worker_count}.")
         # grain validates the arguments and builds the pipeline, without workers.
-        self._grain = grain.DataLoader(
+        self._grain = _GrainDataLoader(
             data_source=data_source, sampler=sampler, operations=operations, worker_count=0,
             worker_buffer_size=worker_buffer_size, shard_options=shard_options, read_options=read_options,
             enable_profiling=enable_profiling)

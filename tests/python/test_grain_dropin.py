@@ -95,3 +95,95 @@ def test_checkpoints_are_graings_and_resume_where_grain_resumes(taken):
         resumed = iter(loader(sgrain.DataLoader, 3))
         resumed.set_state(state)
         equal(list(resumed), rest)
+
+
+def options(workers, buffer=1):
+    return grain.multiprocessing.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer)
+
+
+def test_random_map_draws_a_different_stream_in_each_worker():
+    """random_map after mp_prefetch: each worker knows its index and count, so workers draw different
+    numbers (grain: 100 distinct values out of 100), and the values are grain's."""
+    ds = grain.MapDataset.source([0]).repeat(100).to_iter_dataset()
+    ds = ds.random_map(lambda x, rng: x + rng.integers(2**62), seed=42)
+    ours = list(sgrain.mp_prefetch(ds, options(5)))
+    assert len(set(ours)) == 100
+    assert ours == list(ds.mp_prefetch(options(5)))
+
+
+def test_a_worker_calling_sys_exit_raises_runtime_error_naming_the_code():
+    """sys.exit(123) in a transform raises RuntimeError with grain's 'terminated unexpectedly with exit
+    code 123', not SystemExit."""
+    ds = grain.MapDataset.range(20).to_iter_dataset().map(lambda x: sys.exit(123))
+    with pytest.raises(RuntimeError, match="was terminated unexpectedly with exit code 123"):
+        list(sgrain.mp_prefetch(ds, options(1)))
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_dataset_options_cross_mp_prefetch_both_ways(where):
+    """DatasetOptions set before mp_prefetch reach the filter after it, and options set after it reach
+    the filter inside the workers: filter_raise_threshold_ratio raises either way, as in grain."""
+    ds = grain.MapDataset.source([1, 2, 3]).repeat(1000)
+    limit = grain.experimental.DatasetOptions(filter_raise_threshold_ratio=0.1)
+    if where == "before":
+        ds = grain.experimental.WithOptionsIterDataset(ds.to_iter_dataset(), limit)
+        ds = sgrain.mp_prefetch(ds, options(1)).filter(lambda x: x > 2)
+    else:
+        ds = sgrain.mp_prefetch(ds.filter(lambda x: x > 2).to_iter_dataset(), options(1))
+        ds = grain.experimental.WithOptionsIterDataset(ds, limit)
+    with pytest.raises(ValueError, match="filter_raise_threshold_ratio"):
+        list(ds)
+
+
+class Ones(grain.IterDataset):
+    """An IterDataset source (no slicing possible)."""
+
+    def __iter__(self):
+        return OnesIterator()
+
+
+class OnesIterator(grain.DatasetIterator):
+    def __next__(self):
+        return 1
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+
+def test_one_worker_reads_a_source_that_cannot_be_sliced():
+    """One worker runs the whole pipeline unsliced, so an IterDataset source works; with two, slicing
+    fails with grain's error."""
+    it = iter(sgrain.mp_prefetch(Ones().map(lambda x: x + 1), options(1)))
+    assert next(it) == 2
+    it.close()
+    with pytest.raises(ValueError, match="Cannot slice `IterDataset` source"):
+        list(sgrain.mp_prefetch(Ones().map(lambda x: x + 1), options(2)))
+
+
+def test_next_index_and_element_spec_are_graings():
+    """get_next_index/set_next_index (one worker, as in grain) and get_element_spec work through
+    mp_prefetch, and get_state after set_next_index is the state reached by reading."""
+    ds = grain.MapDataset.range(20).to_iter_dataset()
+    it = iter(sgrain.mp_prefetch(ds, options(1)))
+    next(it)
+    state1, index1 = it.get_state(), grain.experimental.get_next_index(it)
+    assert index1 == 1 and [next(it), next(it)] == [1, 2]
+    grain.experimental.set_next_index(it, 7)
+    assert next(it) == 7 and grain.experimental.get_next_index(it) == 8
+    grain.experimental.set_next_index(it, index1)
+    assert it.get_state() == state1
+    spec = grain.experimental.get_element_spec(sgrain.mp_prefetch(ds, options(2)))
+    assert (spec.dtype, spec.shape) == (np.int64, ())
+    with pytest.raises(NotImplementedError):
+        grain.experimental.get_next_index(iter(sgrain.mp_prefetch(ds, options(2))))
+
+
+def test_replacing_grain_data_loader_with_ours_does_not_recurse(monkeypatch):
+    """The usual monkeypatch grain.DataLoader = spindle.grain.DataLoader works: ours still builds
+    grain's pipeline and gives grain's elements."""
+    expected = list(loader(grain.DataLoader, 2))
+    monkeypatch.setattr(grain, "DataLoader", sgrain.DataLoader)
+    equal(list(loader(grain.DataLoader, 2)), expected)
