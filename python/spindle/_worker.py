@@ -87,8 +87,10 @@ class CollatedBatches:
         if self._writer is not None:
             try:
                 columns = Columns(samples, indices)
-            except SampleStructureError:
-                columns = None  # torch's collate decides (and raises torch's error if it must)
+            except (SampleStructureError, RuntimeError, TypeError):
+                # Samples the array path cannot lay out (ragged, or a tensor numpy cannot view,
+                # such as a nested tensor): torch's collate decides, and raises torch's error if it must.
+                columns = None
             if columns is not None:
                 self._writer.write(ctx, item, columns)
                 return

@@ -44,7 +44,8 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 import numpy as np
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
+from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 from torch.utils.data._utils import worker as _torch_worker
 
 from . import _core
@@ -123,7 +124,7 @@ class DataLoader(Generic[_T_co]):
         if reuse:
             base_seed = self._base_seed
         else:
-            base_seed = self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            base_seed = self._base_seed = _draw(loader.generator)
         if loader._auto_collation:
             batches = [list(b) for b in sampler_iter]
         else:
@@ -225,18 +226,24 @@ class DataLoader(Generic[_T_co]):
         """IterableDataset: each worker iterates its own copy; batches come round-robin from the
         workers whose streams have not ended, as torch's do."""
         loader = self._torch
+        # torch's draws from `generator`, in its order: an IterDataPipe's shared
+        # seed (every worker shuffles alike, then shards), then the base seed;
+        # a new iterator then draws one more shared seed its workers never see.
         # With persistent workers torch draws the base seed once, for the first
-        # epoch. spindle restarts stream workers every epoch (each must call
-        # iter(dataset) again) but seeds them as torch's persistent ones.
+        # epoch, and a shared seed per epoch. spindle restarts stream workers
+        # every epoch (each must call iter(dataset) again) but seeds them as
+        # torch's persistent ones.
+        shared_seed = _draw(loader.generator) if isinstance(loader.dataset, IterDataPipe) else None
         if self.persistent_workers and self._stream_epochs > 0:
             base_seed = self._base_seed
         else:
-            base_seed = self._base_seed = torch.empty((), dtype=torch.int64).random_(
-                generator=loader.generator).item()
+            base_seed = self._base_seed = _draw(loader.generator)
+            if shared_seed is not None:
+                _draw(loader.generator)
         self._stream_epochs += 1
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
-                        worker_init_fn=loader.worker_init_fn)
+                        worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
         decode = self._decoder()
         transport = CollatedBatches(self._collate(), n, self._zero_copy())
         runtime = self._runtime_for(
@@ -314,16 +321,26 @@ def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
     return convert(samples[0])  # batch_size=None: one sample per "batch", no collation
 
 
+def _draw(generator: Optional[torch.Generator]) -> int:
+    """One 64-bit seed from `generator` (torch's global one if None), drawn as torch's iterator draws it."""
+    return torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+
+
 def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dataset: Any,
-                        worker_init_fn: Optional[Callable[[int], None]]) -> None:
+                        worker_init_fn: Optional[Callable[[int], None]], shared_seed: Optional[int] = None) -> None:
     """What torch's worker loop does before reading data: one intra-op thread,
-    per-worker seeds for random/torch/numpy, get_worker_info(), the init hook."""
+    per-worker seeds for random/torch/numpy, an IterDataPipe's shared seed,
+    get_worker_info(), a DataPipe's sharding by worker, the init hook."""
     torch.set_num_threads(1)
     seed = base_seed + worker_id
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+    if shared_seed is not None:  # in place: the stream iterates this same object
+        apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))
     _torch_worker._worker_info = _torch_worker.WorkerInfo(
         id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):  # torch's _sharding_worker_init_fn, one process group
+        apply_sharding(dataset, num_workers, worker_id)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)

@@ -522,3 +522,36 @@ def test_workers_exit_when_the_iterator_is_dropped_early():
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_shuffling_datapipes_are_seeded_and_sharded_like_torch(persistent):
+    """An IterDataPipe with shuffle and sharding_filter: each worker shuffles with torch's shared seed
+    and keeps its shard, so every epoch (seeded through torch.manual_seed) equals torch's."""
+    import torch.utils.data.datapipes as dp
+
+    def epochs(cls):
+        pipe = dp.iter.IterableWrapper(range(100)).shuffle(buffer_size=20).sharding_filter()
+        loader = cls(pipe, num_workers=2, shuffle=True, persistent_workers=persistent)
+        out = []
+        for seed in (123, 123, 321):
+            torch.manual_seed(seed)
+            out.append([int(x) for x in loader])
+        return out
+
+    expected, got = epochs(TorchLoader), epochs(DataLoader)
+    assert got == expected
+    assert sorted(got[0]) == list(range(100)) and got[0] == got[1] != got[2]
+
+
+def test_nested_tensors_get_torchs_collate_error_and_work_with_a_custom_collate():
+    """Samples the zero-copy path cannot lay out (nested tensors) go to torch's collate: torch's error
+    under default collate, and the samples themselves under a custom one."""
+    data = [torch.nested.nested_tensor([torch.full((5,), float(i))]) for i in range(6)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype-API warning for nested tensors
+        with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+            next(iter(DataLoader(data, batch_size=1, num_workers=2)))
+        got = list(DataLoader(data, batch_size=1, num_workers=2, collate_fn=lambda b: [x.clone() for x in b]))
+    for i, batch in enumerate(got):
+        assert torch.equal(batch[0].to_padded_tensor(0.0), data[i].to_padded_tensor(0.0))
