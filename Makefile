@@ -15,8 +15,8 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow
 JOBS ?= 2
 
-.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py bench clean \
-	fuzz-deps fuzz-build fuzz fuzz-smoke
+.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain \
+	bench clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 demo: install-py
 	$(PY) python/examples/demo.py
@@ -77,6 +77,15 @@ test-sanitizers: build-sanitizers
 
 test-py: install-py
 	$(PY) -m pytest -v
+
+# grain's own tests of its multi-process stages (the list is in
+# tests/peers/grain/tests.txt), run from the installed grain wheel with
+# spindle.grain patched in; PEER_MODE=grain runs them unpatched, for the
+# baseline. Counts are in docs/grain_dropin.md.
+PEER_MODE ?= patched
+peer-grain: install-py
+	$(PIP) install -q parameterized
+	tests/peers/grain/run.sh $(abspath $(PY)) $(PEER_MODE)
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
 bench: build-cpp install-py

@@ -1,0 +1,32 @@
+"""Runs grain's own test suite with spindle in place of grain's multi-process stages.
+
+With this folder on PYTHONPATH and SPINDLE_PEER_PATCH=grain, every interpreter
+(pytest and any process it starts) replaces, after importing grain:
+
+- ``grain.DataLoader`` (and the same class under grain.python and
+  grain._src.python.data_loader) with ``spindle.grain.DataLoader``, the usual
+  monkeypatch a user would write;
+- ``process_prefetch.multiprocess_prefetch``, which ``IterDataset.mp_prefetch``
+  and grain's tests call, with ``spindle.grain.mp_prefetch``.
+
+Used by ``make peer-grain``; grain's test files stay in its wheel.
+"""
+
+import os
+
+if os.environ.get("SPINDLE_PEER_PATCH") == "grain":
+    import grain
+    import grain.python
+    from grain._src.python import data_loader as _data_loader
+    from grain._src.python.dataset.transformations import process_prefetch as _process_prefetch
+
+    import spindle.grain
+
+    def _multiprocess_prefetch(ds, num_workers=0, buffer_size=1, worker_init_fn=None, sequential_slice=False):
+        options = grain.multiprocessing.MultiprocessingOptions(num_workers=num_workers,
+                                                               per_worker_buffer_size=buffer_size)
+        return spindle.grain.mp_prefetch(ds, options, worker_init_fn=worker_init_fn,
+                                         sequential_slice=sequential_slice)
+
+    grain.DataLoader = grain.python.DataLoader = _data_loader.DataLoader = spindle.grain.DataLoader
+    _process_prefetch.multiprocess_prefetch = _multiprocess_prefetch
