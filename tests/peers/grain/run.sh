@@ -9,7 +9,7 @@ py=$1; mode=${2:-patched}; shift $(( $# > 1 ? 2 : 1 ))
 here=$(cd "$(dirname "$0")" && pwd)
 src=$("$py" -c 'import grain, os; print(os.path.dirname(grain.__file__))')/_src/python
 tests=$(grep -v '^#' "$here/tests.txt" | sed "s#^#$src/#")
-if [ "$mode" = patched ]; then export SPINDLE_PEER_PATCH=grain; else export SPINDLE_PEER_PATCH=; fi
+if [ "$mode" = patched ]; then export SPINDLE_PEER_PATCH=grain; else export SPINDLE_PEER_PATCH=off; fi
 export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 cd "$here"
 # shellcheck disable=SC2086

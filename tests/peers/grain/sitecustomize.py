@@ -9,10 +9,19 @@ With this folder on PYTHONPATH and SPINDLE_PEER_PATCH=grain, every interpreter
 - ``process_prefetch.multiprocess_prefetch``, which ``IterDataset.mp_prefetch``
   and grain's tests call, with ``spindle.grain.mp_prefetch``.
 
+With SPINDLE_PEER_PATCH=grain or =off (the baseline, grain unpatched), absl
+flags are marked parsed first, as ``absltest.main`` does for grain's own runs:
+grain's multi-process code reads them.
+
 Used by ``make peer-grain``; grain's test files stay in its wheel.
 """
 
 import os
+
+if os.environ.get("SPINDLE_PEER_PATCH") in ("grain", "off"):
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()
 
 if os.environ.get("SPINDLE_PEER_PATCH") == "grain":
     import grain
