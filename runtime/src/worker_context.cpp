@@ -1,5 +1,7 @@
 #include <spindle/worker_context.hpp>
 
+#include <spindle/detail/parent_death.hpp>
+
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -134,9 +136,7 @@ void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept
 }
 
 AttachedWorker::AttachedWorker(int segment_fd, int worker_id, pid_t parent) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent)
-    SPINDLE_THROW(std::runtime_error, "spindle: the consumer (pid " + std::to_string(parent) + ") is gone");
+  detail::die_with_process(parent);  // with the consumer process, not the thread that spawned us
   struct stat st {};
   if (fstat(segment_fd, &st) != 0) SPINDLE_THROW_ERRNO("spindle: worker cannot stat the loader's segment");
   size_ = static_cast<std::size_t>(st.st_size);

@@ -1,5 +1,7 @@
 #include <spindle/worker_pool.hpp>
 
+#include <spindle/detail/parent_death.hpp>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -78,8 +80,7 @@ WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const F
     if (hooks.before_fork) hooks.before_fork();
     pid_t pid = fork();
     if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);  // consumer died before prctl took effect
+      detail::die_with_process(parent);  // with the consumer process, not the forking thread
       for (int fd : pidfds_)  // the earlier workers' handles are the consumer's business
         if (fd >= 0) close(fd);
       if (hooks.after_fork_child) hooks.after_fork_child();

@@ -535,3 +535,26 @@ TEST(LoaderThreads, ArenaThreadsDeliverTheSameBatchesAsProcesses) {
 
 }  // namespace
 }  // namespace spindle
+
+namespace spindle {
+namespace {
+
+// Proves: a Loader created in a thread that then exits keeps its workers (the
+// kernel's parent-death signal fires per thread; ours checks the process), and
+// they still die with the consumer process (NoWorkerOutlivesAKilledConsumer).
+TEST(LoaderProcesses, WorkersSurviveTheExitOfTheThreadThatForkedThem) {
+  const auto batches = make_batches(2000, 8);
+  std::unique_ptr<Loader> loader;
+  std::thread creator([&] { loader = std::make_unique<Loader>(options(2, 8), batches, sample_worker(fill_sample, kSampleBytes)); });
+  creator.join();  // the forking thread is gone
+  std::this_thread::sleep_for(200ms);
+  std::size_t i = 0;
+  while (auto b = loader->next()) {
+    ASSERT_TRUE(batch_is_intact(*b, batches[i])) << "batch " << i;
+    ++i;
+  }
+  EXPECT_EQ(i, batches.size());
+}
+
+}  // namespace
+}  // namespace spindle

@@ -308,3 +308,16 @@ def test_ctrl_c_at_random_moments_leaves_a_clean_state():
         while tagged_processes(tag) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert tagged_processes(tag) == []
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_a_loader_started_in_a_thread_that_exits_keeps_its_workers(front):
+    """iter() in a short-lived thread, iteration in this one: every batch arrives (the workers do not
+    die with the thread that forked them)."""
+    holder = []
+    t = threading.Thread(target=lambda: holder.append(iter(make_loader(front, Images(400), batch_size=8,
+                                                                        num_workers=2))))
+    t.start()
+    t.join()
+    time.sleep(0.2)
+    assert sum(len(b) for b in holder[0]) == 400
