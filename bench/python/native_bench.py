@@ -18,9 +18,9 @@ machine's cores. Loaders, alternating in rounds, medians reported:
   skipped, with the reason, otherwise).
 
 The physical limit is cores x one thread's rate of the same fused decode on
-the same files (spindle.ops.decode_image with the crop box and size, measured
-here in one thread); each loader's rate is reported as a fraction of it, with
-the peak thread count of its process tree.
+the same files (the native pipeline on one arena thread, measured here, median
+of 3); each loader's rate is reported as a fraction of it, with the peak
+thread count of its process tree.
 """
 
 from __future__ import annotations
@@ -150,18 +150,13 @@ def run_epoch(make, max_samples: int) -> tuple[float, int]:
     return samples / seconds, peak[0] - 1  # less the watcher thread
 
 
-def one_thread_rate(root: Path, n: int) -> float:
-    """One thread's rate of the fused decode + crop + resize of the same files (spindle.ops)."""
-    from spindle import ops
+def one_thread_rate(pipe, samples: int) -> float:
+    """One thread's rate of the same fused decode + crop + resize + flip on the same files: the
+    native pipeline itself on one arena thread (threads mode, 1 worker), after its first batch."""
+    import spindle
 
-    files = [os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs if f.endswith(".jpg")][:n]
-    blobs = [Path(f).read_bytes() for f in files]
-    start = time.perf_counter()
-    for k, data in enumerate(blobs):
-        h, w = ops.image_info(data)[:2]
-        box = ops.random_resized_crop_box(h, w, seed=0, epoch=0, index=k)
-        ops.decode_image(data, crop=box, size=(SIZE, SIZE))
-    return len(blobs) / (time.perf_counter() - start)
+    rate, _ = run_epoch(lambda: spindle.Loader(pipe, num_workers=1, shuffle=True, seed=1, mode="threads"), samples)
+    return rate
 
 
 def main() -> int:
@@ -196,7 +191,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - any import failure means "not here"
             skipped[name] = f"not measured: import {module} failed ({type(e).__name__}: {str(e)[:120]})"
 
-    limit_one = one_thread_rate(root, 400)
+    limit_one = statistics.median(one_thread_rate(pipe, args.samples // 2) for _ in range(3))
     cores = len(os.sched_getaffinity(0))
     limit = cores * limit_one
     print(f"one thread's fused decode+crop+resize: {limit_one:,.0f} images/s; limit for {cores} cores: "

