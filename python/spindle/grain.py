@@ -11,12 +11,12 @@ As in grain, worker *w* runs the pipeline over the records at positions
 workers in turn, skipping workers whose slice is exhausted: the same elements
 in the same order as grain. Unlike grain, a worker reads without a thread
 pool (grain's ReadOptions.num_threads, 16 by default, is set to 0 in the
-workers): parallelism comes from the workers. Elements travel through spindle's shared ring as
-pickled pytrees (no pipes, no queue threads); the thread tree is the
-consumer's own threads + one per worker.
+workers): parallelism comes from the workers. Elements travel through spindle's shared ring
+(no pipes, no queue threads): an element made only of numpy arrays (a batch after grain's
+Batch) is written field by field and arrives as views of the slot, zero-copy; any other
+element is pickled. The thread tree is the consumer's own threads + one per worker.
 
-Iterators support ``get_state``/``set_state`` in grain's format. Not yet:
-zero-copy transport of batched arrays (elements are pickled).
+Iterators support ``get_state``/``set_state`` in grain's format.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from grain._src.python.dataset.transformations import prefetch as _grain_prefetc
 from . import _core
 from ._forking import call_in_fork, forking
 from ._layout import BatchReader
-from ._worker import CollatedBatches, batch_decoder, run_stream_worker
+from ._worker import ArrayElements, batch_decoder, first_row, run_stream_worker
 from .dataloader import _WorkerIterator
 from .errors import WorkerDiedError
 
@@ -133,9 +133,8 @@ class _PrefetchIterator(grain.DatasetIterator):
                         options=self._ctx.dataset_options)
         if self._states is None:
             self._states = [None] * n  # None: the worker starts its slice from the beginning
-        # Elements travel pickled; slots grow to the largest element.
-        pickled = CollatedBatches(lambda elements: elements[0], 1, zero_copy=False)
-        body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=pickled, setup=setup, batch_size=1,
+        # Arrays zero-copy, anything else pickled; slots grow to the largest element.
+        body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=ArrayElements(), setup=setup, batch_size=1,
                        drop_last=False)
         with forking():
             runtime = _core.Loader(
@@ -146,7 +145,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # tied to the worker count the user chose (as before the ledger:
                 # ThreadBudgetError when short).
                 budget_policy="fail")
-        return _WorkerIterator(runtime, batch_decoder(BatchReader()), owns=True)
+        return _WorkerIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=True)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -187,3 +187,25 @@ def test_replacing_grain_data_loader_with_ours_does_not_recurse(monkeypatch):
     expected = list(loader(grain.DataLoader, 2))
     monkeypatch.setattr(grain, "DataLoader", sgrain.DataLoader)
     equal(list(loader(grain.DataLoader, 2)), expected)
+
+
+def test_batches_of_arrays_arrive_zero_copy_and_other_elements_pickled():
+    """A batched element (dict of arrays) arrives as views of shared memory, equal to grain's;
+    an element with a Python scalar keeps its exact types (pickled)."""
+    import spindle.grain as sg
+    src = [{"x": np.full((3,), i, np.float32), "y": np.int64(i)} for i in range(40)]
+    sampler = grain.samplers.IndexSampler(num_records=40, shard_options=grain.sharding.NoSharding(),
+                                          shuffle=False, num_epochs=1, seed=0)
+    ops = [grain.transforms.Batch(batch_size=8, drop_remainder=False)]
+    got = list(sg.DataLoader(data_source=src, sampler=sampler, operations=ops, worker_count=2))
+    want = list(grain.DataLoader(data_source=src, sampler=sampler, operations=ops, worker_count=2))
+    assert len(got) == len(want) == 6  # each worker batches its own slice, as grain's do
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g["x"], w["x"])
+        np.testing.assert_array_equal(g["y"], w["y"])
+        assert g["x"].base is not None and not g["x"].flags.owndata  # a view of the slot, not a copy
+    scalars = [{"x": np.zeros(2, np.float32), "n": i} for i in range(6)]
+    sampler = grain.samplers.IndexSampler(num_records=6, shard_options=grain.sharding.NoSharding(),
+                                          shuffle=False, num_epochs=1, seed=0)
+    out = list(sg.DataLoader(data_source=scalars, sampler=sampler, worker_count=2))
+    assert [type(e["n"]) for e in out] == [int] * 6 and [e["n"] for e in out] == list(range(6))
