@@ -253,6 +253,36 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
   return Skips{bad.size(), first_error};
 }
 
+namespace {
+
+// Skipped samples travel in the batch's structure bytes, for the consumer's
+// ratio check: "skipped=N;reason=<the first error>".
+void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
+  if (!skips.count) return;
+  std::string reason = skips.first_reason.substr(0, 1000);
+  std::replace(reason.begin(), reason.end(), ';', ',');
+  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout,
+                          "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
+}
+
+// Inside a catch block: fails the item with a report the Python layer maps to
+// an exception type — the error's kind, a newline, its message.
+void fail_current(WorkerContext& ctx, const WorkItem& item) noexcept {
+  try {
+    throw;
+  } catch (const DecodeError& e) {
+    ctx.fail(item, std::string("DecodeError\n") + e.what());
+  } catch (const DataError& e) {
+    ctx.fail(item, std::string("DataError\n") + e.what());
+  } catch (const std::exception& e) {
+    ctx.fail(item, std::string("RuntimeError\n") + e.what());
+  } catch (...) {
+    ctx.fail(item, "RuntimeError\nan unknown exception in the pipeline");
+  }
+}
+
+}  // namespace
+
 WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
   return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
     std::optional<SlotLayout> layout;
@@ -260,29 +290,15 @@ WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, 
       try {
         if (!layout) layout.emplace(pipe->layout(ctx.ring().geometry().batch_capacity));
         std::span<std::byte> out = ctx.begin_arrays(*item, *layout, "");
-        const Skips skips = fill_batch(*pipe, item->indices, seed, epoch, *layout, out);
-        if (skips.count) {  // the structure bytes carry them to the consumer's ratio check
-          std::string reason = skips.first_reason.substr(0, 1000);
-          std::replace(reason.begin(), reason.end(), ';', ',');
-          const std::string note = "skipped=" + std::to_string(skips.count) + ";reason=" + reason;
-          write_arrays_descriptor(ctx.ring().descriptor(item->slot), *layout, note);
-        }
+        note_skips(ctx, *item, *layout, fill_batch(*pipe, item->indices, seed, epoch, *layout, out));
         ctx.commit(*item);
-      } catch (const DecodeError& e) {  // report: the error's kind, a newline, its message
-        ctx.fail(*item, std::string("DecodeError\n") + e.what());
-      } catch (const DataError& e) {
-        ctx.fail(*item, std::string("DataError\n") + e.what());
-      } catch (const std::exception& e) {
-        ctx.fail(*item, std::string("RuntimeError\n") + e.what());
+      } catch (...) {
+        fail_current(ctx, *item);
       }
     }
     return 0;
   };
 }
-
-}  // namespace spindle
-
-namespace spindle {
 
 WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
   return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
@@ -345,19 +361,10 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
           ctx.exhausted(*item);
           continue;
         }
-        if (skips.count) {
-          std::string reason = skips.first_reason.substr(0, 1000);
-          std::replace(reason.begin(), reason.end(), ';', ',');
-          write_arrays_descriptor(ctx.ring().descriptor(item->slot), layout,
-                                  "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
-        }
+        note_skips(ctx, *item, layout, skips);
         ctx.commit(*item, count);
-      } catch (const DecodeError& e) {
-        ctx.fail(*item, std::string("DecodeError\n") + e.what());
-      } catch (const DataError& e) {
-        ctx.fail(*item, std::string("DataError\n") + e.what());
-      } catch (const std::exception& e) {
-        ctx.fail(*item, std::string("RuntimeError\n") + e.what());
+      } catch (...) {
+        fail_current(ctx, *item);
       }
     }
     return 0;
