@@ -14,8 +14,9 @@
     batch 32, with a TF step (mean of the batch) after every batch:
     ``tfdata``: ``from_tensor_slices().map(flip, num_parallel_calls=AUTOTUNE)
     .batch(32).prefetch(AUTOTUNE)``; ``spindle-tf``: the same TF consumer,
-    ``spindle.DataLoader(num_workers=4)``; ``spindle``: numpy only in the
-    rank (no TF), ``spindle.DataLoader(num_workers=4)``.
+    ``spindle.DataLoader(num_workers=4)``; ``spindle-tf-blas1``: the same with
+    ``OPENBLAS_NUM_THREADS=1``; ``spindle``: numpy only in the rank (no TF),
+    ``spindle.DataLoader(num_workers=4)``.
 
 Everything runs as uid 65534 (root is exempt from RLIMIT_NPROC) through
 tests/unprivileged.run_limited: Debian's /usr/bin/python3, which the venv's
@@ -366,7 +367,7 @@ def main() -> int:
     args = ap.parse_args()
     peers = (args.peers.split(",") if args.peers else
              ["grain-dl", "spindle-dl", "grain-mp", "spindle-mp"] if args.scenario == "grain"
-             else ["tfdata", "spindle-tf", "spindle"])
+             else ["tfdata", "spindle-tf", "spindle-tf-blas1", "spindle"])
     runs = []
     for peer in peers:
         for r in range(args.runs):
