@@ -139,10 +139,38 @@ def openblas_capped_across_forks() -> Iterator[None]:
                 if _forks_in_progress == 0:
                     while _openblas_to_restore:
                         lib, n = _openblas_to_restore.pop()
-                        lib.set_num_threads(n)
+                        _restore_if_room(lib, n)
 
 
 _openblas_libs: dict[frozenset[str], list[Any]] = {}
+_warned_kept_capped = False
+
+
+def _restore_if_room(lib: Any, n: int) -> None:
+    """Puts the consumer's OpenBLAS back to `n` threads, which starts n - 1 of
+    them at once — unless the thread budget (ulimit -u, pids.max) has no room
+    for them now: a failed pthread_create makes OpenBLAS raise SIGINT in this
+    process. Then it stays at one thread, with one warning naming the numbers.
+    Still a check, not a lease: another process may take the room after it."""
+    global _warned_kept_capped
+    from ._core import ThreadBudget
+
+    try:
+        room = ThreadBudget().budget
+    except Exception:  # noqa: BLE001 - no budget readable: restore as before
+        room = None
+    reserve = 2  # as ThreadBudget keeps for the rest of the process
+    if room is None or room >= (n - 1) + reserve:
+        lib.set_num_threads(n)
+        return
+    if not _warned_kept_capped:
+        _warned_kept_capped = True
+        warnings.warn(
+            f"spindle: kept numpy's OpenBLAS at 1 thread in this process after starting workers: restoring its "
+            f"{n} threads would start {n - 1} more with only {room} tasks of headroom left under ulimit -u / "
+            "pids.max (a failed pthread_create makes OpenBLAS abort with SIGINT). Set OPENBLAS_NUM_THREADS, or "
+            "call spindle.limit_threads(n) before importing numpy, to choose the count yourself.",
+            RuntimeWarning, stacklevel=4)
 
 
 def _consumer_openblas() -> list[Any]:
