@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _core
 from ._core import ThreadBudget
-from ._threads import mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
+from ._threads import _read, mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
 
 # What removes or shrinks each pool. One sentence each, the variable first.
 ADVICE: dict[str, str] = {
@@ -43,14 +43,6 @@ ADVICE: dict[str, str] = {
                       "spindle.limit_threads(n) lowers the default), concurrent.futures max_workers, user code",
     "grain": "grain.ReadOptions(num_threads=n), or spindle.limit_threads(n) before the ReadOptions are made",
 }
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def _number(text: str | None) -> int | None:

@@ -63,16 +63,8 @@ void resize_shorter(ops::Image& img, int shorter) {
 }
 
 void center_crop(ops::Image& img, int size) {
-  const ops::CropBox box = ops::center_crop_box(img.height, img.width, ops::Size{size, size});
   ops::Image out;
-  out.height = box.height;
-  out.width = box.width;
-  out.channels = img.channels;
-  out.pixels.resize(static_cast<std::size_t>(box.height) * box.width * img.channels);
-  const std::size_t row = static_cast<std::size_t>(box.width) * img.channels;
-  for (int y = 0; y < box.height; ++y)
-    std::memcpy(out.pixels.data() + y * row,
-                img.pixels.data() + (static_cast<std::size_t>(box.top + y) * img.width + box.left) * img.channels, row);
+  ops::crop(img, ops::center_crop_box(img.height, img.width, ops::Size{size, size}), out);
   img = std::move(out);
 }
 
@@ -160,13 +152,7 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
       const ops::CropBox b = ops::random_resized_crop_box(img.height, img.width, rng, o.random_resized_crop->scale,
                                                           o.random_resized_crop->ratio);
       ops::Image crop;
-      crop.height = b.height;
-      crop.width = b.width;
-      crop.pixels.resize(static_cast<std::size_t>(b.height) * b.width * 3);
-      for (int y = 0; y < b.height; ++y)
-        std::memcpy(crop.pixels.data() + static_cast<std::size_t>(y) * b.width * 3,
-                    img.pixels.data() + (static_cast<std::size_t>(b.top + y) * img.width + b.left) * 3,
-                    static_cast<std::size_t>(b.width) * 3);
+      ops::crop(img, b, crop);
       ops::Image out;
       ops::resize(crop, ops::Size{o.random_resized_crop->size, o.random_resized_crop->size}, out);
       img = std::move(out);
