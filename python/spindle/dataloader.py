@@ -21,6 +21,8 @@ from ._budget import resolve_policy, warn_if_shrunk
 from ._caps import ThreadWatchdog
 from ._forking import forking
 from ._layout import BatchReader, collate_local
+from ._sharding import resolve_shard, shard_order
+from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state
 from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -44,9 +46,13 @@ class DataLoader:
         batch_size: samples per batch.
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
-        seed: makes shuffling and the workers' ``random``/``numpy`` seeds
-            reproducible (epoch ``e`` uses ``(seed, e)``); None draws fresh
-            entropy per epoch.
+        seed: makes shuffling and the random draws reproducible: epoch ``e``
+            shuffles with ``(seed, e)``, and before each sample the worker
+            seeds ``random`` and numpy's global generator from
+            ``(seed, e, sample index)``, so augmentations do not depend on
+            which worker (or how many) loaded a sample. None draws fresh
+            entropy once per loader (0 when sharded: every rank must draw
+            the same order, as DistributedSampler's default seed).
         timeout: seconds to wait for one batch before raising
             :class:`~spindle.errors.LoaderTimeoutError`; 0 (or inf) waits forever.
         drop_last: drop the last batch if it is short.
@@ -70,7 +76,19 @@ class DataLoader:
         max_batch_bytes: the largest batch (all fields) a ring slot may hold;
             address space set aside per slot, memory is used only as batches
             need it.
+        shard: None (every sample), ``"auto"`` (the rank and world size of
+            torch.distributed, JAX, torchrun, Slurm or Open MPI) or
+            ``(rank, world_size)``: this process loads every world_size-th
+            sample of the epoch's global order from its rank on, as torch's
+            DistributedSampler (docs/distributed.md).
+        shard_drop_last: with a shard, cut the order's tail so it divides by
+            world_size (DistributedSampler's drop_last); False pads it by
+            repeating its start, so every rank gets as many samples.
 
+    ``state_dict()`` / ``load_state_dict()`` checkpoint the position in the
+    epoch (a small JSON-able dict); a loader given a state yields exactly the
+    batches the saved one would have yielded next, also with another
+    ``num_workers``.
     Dataset code runs only in the workers: nothing is read in this process to
     plan the ring (each batch carries its own layout, and slots grow to fit).
     Ctrl-C while waiting raises KeyboardInterrupt and stops the workers;
@@ -89,7 +107,7 @@ class DataLoader:
                  prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
-                 budget_policy: Optional[str] = None) -> None:
+                 budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
         self.dataset = dataset
         self.batch_size = _check_int("batch_size", batch_size, 1)
         self.num_workers = _check_int("num_workers", num_workers, 0)
@@ -113,31 +131,55 @@ class DataLoader:
         self._workers: Optional[_core.Loader] = None
         self._persistent_epoch = 0
         self._epoch = 0
+        self.shard = resolve_shard(shard)
+        self.shard_drop_last = bool(shard_drop_last)
+        if seed is not None:
+            self._entropy = int(seed)
+        else:
+            self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self._epoch_cell = EpochCell()  # read by persistent workers (their per-sample seeds)
+        self._resume_skip = 0  # batches of the next epoch to skip (load_state_dict)
+        self._position: Optional[Position] = None  # of the last epoch's iterator
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = self._samples_per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def _samples_per_rank(self) -> int:
+        n = len(self.dataset)
+        if self.shard is None:
+            return n
+        world = self.shard.world_size
+        return n // world if self.shard_drop_last else -(-n // world)
+
     def _epoch_order(self) -> tuple[np.ndarray, int]:
-        """This epoch's sample order (int64, already cut for drop_last) and the workers' base seed."""
+        """This epoch's sample order for this rank (int64, already cut for drop_last) and the workers' base seed."""
         n = len(self.dataset)
         epoch = self._epoch
         self._epoch += 1
-        entropy = [self.seed, epoch] if self.seed is not None else None
-        rng = np.random.default_rng(entropy)
+        rng = np.random.default_rng([self._entropy, epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = shard_order(order, self.shard, self.shard_drop_last)
         if self.drop_last:
-            order = order[:n - n % self.batch_size]
+            order = order[:len(order) - len(order) % self.batch_size]
         worker_seed = int(rng.integers(0, 2**62))
         return np.ascontiguousarray(order, dtype=np.int64), worker_seed
 
     def __iter__(self) -> Iterator[Any]:
+        epoch, skip = self._epoch, self._resume_skip
+        self._resume_skip = 0
         order, worker_seed = self._epoch_order()
+        order = order[skip * self.batch_size:]  # resuming: the batches already handed out
+        self._position = position = Position(epoch, skip)
+        return Progress(self._epoch_iterator(order, worker_seed, epoch), position)
+
+    def _epoch_iterator(self, order: np.ndarray, worker_seed: int, epoch: int) -> Iterator[Any]:
         if len(order) == 0:
             return iter(())
         if self.num_workers == 0:
-            return _InProcessIterator(self, order, worker_seed)
+            return _InProcessIterator(self, order, worker_seed, Reseeded(self.dataset, self._entropy, epoch))
         decode = batch_decoder(BatchReader())
+        self._epoch_cell.set(epoch)
         if not self.persistent_workers:
             return _WorkerIterator(self._start_workers(order, worker_seed), decode, owns=True)
         if self._workers is not None:
@@ -151,8 +193,38 @@ class DataLoader:
         self._persistent_epoch += 1
         return _WorkerIterator(self._workers, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned).
+
+        Taken mid-epoch, a loader given it resumes after the last batch handed out; taken
+        after an epoch ended (or before any), at the start of the next epoch."""
+        progress = self._position
+        if progress is None or progress.finished:
+            epoch, batches = self._epoch, self._resume_skip
+        else:
+            if not self.in_order and self.num_workers > 0:
+                raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the "
+                                 "batches handed out are not a prefix of the epoch, so no position resumes it")
+            epoch, batches = progress.epoch, progress.yielded
+        return new_state("spindle.DataLoader", epoch=epoch, batches=batches, **self._state_settings())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next
+        (any num_workers; the dataset, batch size, shuffle, seed and shard must be the same)."""
+        check_state(state, "spindle.DataLoader", self._state_settings())
+        self._epoch = int(state["epoch"])
+        self._resume_skip = int(state["batches"])
+        self._position = None
+
+    def _state_settings(self) -> dict[str, Any]:
+        shard = None if self.shard is None else [self.shard.rank, self.shard.world_size]
+        return dict(seed=self._entropy, samples=len(self.dataset), batch_size=self.batch_size,
+                    shuffle=self.shuffle, drop_last=self.drop_last, shard=shard,
+                    shard_drop_last=self.shard_drop_last)
+
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
+        dataset = Reseeded(self.dataset, self._entropy, self._epoch_cell)
+        body = partial(run_worker, dataset=dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         with forking():
             runtime = _core.Loader(
@@ -190,8 +262,8 @@ def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
 class _InProcessIterator:
     """num_workers=0: the same layout and checks, in the calling process."""
 
-    def __init__(self, loader: DataLoader, order: np.ndarray, seed: int) -> None:
-        self._dataset = loader.dataset
+    def __init__(self, loader: DataLoader, order: np.ndarray, seed: int, dataset: Any) -> None:
+        self._dataset = dataset
         self._order = order
         self._batch_size = loader.batch_size
         self._next = 0

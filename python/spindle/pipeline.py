@@ -28,6 +28,8 @@ import numpy as np
 
 from . import _core
 from ._forking import forking
+from ._sharding import resolve_shard, shard_list, shard_order
+from ._state import Position, Progress, check_state, new_state
 from .dataloader import _WorkerIterator
 from .errors import DataError, DecodeError, SpindleError
 
@@ -155,6 +157,16 @@ class Loader:
         timeout: seconds to wait for a batch (0 or inf: forever).
         prefetch_factor: batches in flight per worker.
         max_threads: cap on the tasks the loader adds, on top of ulimit -u and pids.max.
+        shard: None, ``"auto"`` or ``(rank, world_size)``: this rank's part of each epoch's
+            global order, as ``spindle.DataLoader`` and torch's DistributedSampler cut it; a
+            WebDataset is split by shard file (rank r reads files r, r + world_size, ...).
+        shard_drop_last: with a shard, cut the order's tail to divide by world_size instead of
+            padding it (DistributedSampler's drop_last).
+
+    ``state_dict()`` / ``load_state_dict()`` checkpoint the position (small, JSON-able); a
+    resumed image-folder or array loader yields exactly the batches the saved one would have
+    yielded next, with any num_workers and either mode (a WebDataset stream: the same
+    num_workers, whose batches it reads again and drops up to the saved position).
 
     Batches are numpy arrays viewing shared memory (zero-copy; ``torch.from_dlpack`` and
     ``jax.dlpack`` take them without copying) and stay valid as long as you keep them.
@@ -162,7 +174,8 @@ class Loader:
 
     def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
                  seed: Optional[int] = None, mode: str = "processes", timeout: float = 0,
-                 prefetch_factor: int = 2, max_threads: Optional[int] = None) -> None:
+                 prefetch_factor: int = 2, max_threads: Optional[int] = None, shard: Any = None,
+                 shard_drop_last: bool = False) -> None:
         if mode not in ("processes", "threads"):
             raise ValueError(f"mode must be 'processes' or 'threads', not {mode!r}")
         if num_workers < 1:
@@ -177,14 +190,27 @@ class Loader:
         self.timeout = float(timeout)
         self.prefetch_factor = int(prefetch_factor)
         self.max_threads = max_threads
+        self.shard = resolve_shard(shard)
+        self.shard_drop_last = bool(shard_drop_last)
+        if self.shard is not None and pipeline.source[0] == "webdataset":
+            pipeline = dataclasses.replace(
+                pipeline, source=("webdataset", tuple(shard_list(list(pipeline.source[1]), self.shard, "shard files"))))
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
         self._epoch = 0
-        self._entropy = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        if seed is not None:
+            self._entropy = int(seed)
+        else:  # sharded: every rank must draw the same order (DistributedSampler's default seed is 0 too)
+            self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
+        self._resume_skip = 0
+        self._position: Optional[Position] = None
 
     def __len__(self) -> int:
         if self._native.streaming:
             raise TypeError("a WebDataset pipeline is a stream: its length is not known before reading it")
         n, b = len(self._native), self.pipeline.batch_size
+        if self.shard is not None:
+            world = self.shard.world_size
+            n = n // world if self.shard_drop_last else -(-n // world)
         return n // b if self.pipeline.drop_last else -(-n // b)
 
     def set_epoch(self, epoch: int) -> None:
@@ -192,11 +218,45 @@ class Loader:
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        epoch = self._epoch
+        epoch, skip = self._epoch, self._resume_skip
         self._epoch += 1
+        self._resume_skip = 0
+        self._position = position = Position(epoch, skip)
+        return Progress(self._epoch_iterator(epoch, skip), position)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned)."""
+        position = self._position
+        if position is None or position.finished:
+            epoch, batches = self._epoch, self._resume_skip
+        else:
+            epoch, batches = position.epoch, position.yielded
+        return new_state("spindle.Loader", epoch=epoch, batches=batches, **self._state_settings())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next."""
+        check_state(state, "spindle.Loader", self._state_settings())
+        self._epoch = int(state["epoch"])
+        self._resume_skip = int(state["batches"])
+        self._position = None
+
+    def _state_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = dict(
+            seed=self._entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
+            samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
+            shuffle=self.shuffle, shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
+            shard_drop_last=self.shard_drop_last)
+        if self._native.streaming:  # a stream's batch order depends on the worker count
+            settings["num_workers"] = self.num_workers
+        return settings
+
+    def _epoch_iterator(self, epoch: int, skip: int) -> Iterator[dict[str, np.ndarray]]:
         n = len(self._native)
         rng = np.random.default_rng([self._entropy, epoch])
         order = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = shard_order(order, self.shard, self.shard_drop_last)
+        if not self._native.streaming:
+            order = order[skip * self.pipeline.batch_size:]  # resuming: the batches already handed out
         order = np.ascontiguousarray(order, dtype=np.int64)
         if not self._native.streaming and (
                 len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size)):
@@ -210,8 +270,19 @@ class Loader:
         else:
             with forking():
                 runtime = _core.pipeline_loader(**kwargs)
-        return _SkipCounting(_WorkerIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
-                             self.pipeline.errors[1])
+        it = _SkipCounting(_WorkerIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
+                           self.pipeline.errors[1])
+        if self._native.streaming:
+            # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
+            # comes from worker k mod N, so with the same num_workers they are the same batches).
+            for _ in range(skip):
+                if next(it, None) is None:
+                    break
+        return it
+
+
+def _jsonable(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _native_error(failed: Any) -> BaseException:

@@ -54,10 +54,11 @@ from ._forking import forking
 from ._layout import BatchReader
 from ._spawned import payload_fd, worker_argv
 from ._worker import CollatedBatches, batch_decoder, run_stream_worker, run_worker
+from ._sharding import resolve_shard
 from .dataloader import _WorkerIterator
 from .errors import WorkerDiedError
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "StatefulDataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -65,7 +66,16 @@ _T_co = TypeVar("_T_co", covariant=True)
 class DataLoader(Generic[_T_co]):
     """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults.
 
-    Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations)."""
+    Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations).
+
+    Beyond torch's arguments, keyword-only and off by default (then nothing
+    differs from torch): ``shard="auto"`` or ``shard=(rank, world_size)``
+    loads this rank's part of a map-style dataset, exactly as
+    ``sampler=DistributedSampler(dataset, world_size, rank, shuffle=shuffle,
+    seed=shard_seed, drop_last=shard_drop_last)`` would, with ``set_epoch``
+    called for each epoch (docs/distributed.md)."""
+
+    _peer = _TorchDataLoader  # the loader that validates the arguments and builds the samplers
 
     def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
@@ -73,14 +83,21 @@ class DataLoader(Generic[_T_co]):
                  drop_last: bool = False, timeout: float = 0,
                  worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
-                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True) -> None:
+                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
+                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0,
+                 **peer_options: Any) -> None:
+        self._shard = resolve_shard(shard)
+        self._epochs_begun = 0  # iter() calls: the epoch number of a shard's DistributedSampler
+        if self._shard is not None:
+            sampler, shuffle = _shard_sampler(self._shard, dataset, shuffle, sampler, batch_sampler,
+                                              shard_seed, shard_drop_last), None
         # torch validates every argument and builds the samplers; it starts no
         # worker until iterated, and we never iterate it with workers.
-        self._torch = _TorchDataLoader(
+        self._torch = self._peer(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order)
+            pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
         self._capacity = 0
@@ -108,7 +125,33 @@ class DataLoader(Generic[_T_co]):
     def __len__(self) -> int:
         return len(self._torch)
 
+    def set_epoch(self, epoch: int) -> None:
+        """With a shard: the epoch the next iteration shuffles for (DistributedSampler.set_epoch)."""
+        self._epochs_begun = int(epoch)
+
+    def _begin_epoch(self) -> None:
+        """Hook at each iter(), before the sampler is iterated: a shard's sampler gets its epoch."""
+        if self._shard is not None:
+            self._torch.sampler.set_epoch(self._epochs_begun)
+        self._epochs_begun += 1
+
+    def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
+        """Hook: the dataset as the workers see it (StatefulDataLoader reseeds per sample)."""
+        return dataset
+
+    def _resume_batches(self, batches: list[list[Any]], base_seed: int) -> tuple[list[list[Any]], int]:
+        """Hook: the epoch's batches still to load and the workers' base seed (a resumed epoch skips some)."""
+        return batches, base_seed
+
+    def _wrap(self, it: Any) -> Any:
+        """Hook: the epoch's iterator as handed out (StatefulDataLoader counts its batches)."""
+        return it
+
     def __iter__(self) -> Any:
+        self._begin_epoch()
+        return self._wrap(self._iter_epoch())
+
+    def _iter_epoch(self) -> Any:
         loader = self._torch
         if loader.num_workers == 0:
             return iter(loader)  # single process: torch's own loop is already what spindle would do
@@ -129,6 +172,7 @@ class DataLoader(Generic[_T_co]):
             batches = [list(b) for b in sampler_iter]
         else:
             batches = [[i] for i in sampler_iter]
+        batches, base_seed = self._resume_batches(batches, base_seed)
         if not batches:
             return iter(())
         keys = [i for b in batches for i in b]
@@ -166,6 +210,7 @@ class DataLoader(Generic[_T_co]):
                 self._runtime.close()
                 self._runtime = None
         transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
+        dataset = self._worker_dataset(dataset, self._spawns())
         # In order, batch k goes to worker k mod N, as torch sends it. Out of
         # order, torch gives a batch only to a worker with room (a slow worker
         # is skipped); here a free worker takes the next batch.
@@ -177,7 +222,7 @@ class DataLoader(Generic[_T_co]):
         if not self.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True)
         self._runtime = runtime
-        self._keyed = dataset is not loader.dataset
+        self._keyed = isinstance(dataset, _ByPosition) or isinstance(getattr(dataset, "dataset", None), _ByPosition)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
@@ -267,6 +312,21 @@ class DataLoader(Generic[_T_co]):
             runtime.close()
 
 
+def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: Any, batch_sampler: Any,
+                   seed: int, drop_last: bool) -> Any:
+    """The DistributedSampler that `shard` stands for; refuses what it cannot shard."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(dataset, IterableDataset):
+        raise ValueError("spindle: shard= needs a map-style dataset; an IterableDataset shards itself "
+                         "(read torch.distributed.get_rank() or spindle's resolve in its __iter__)")
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError("spindle: shard= builds the sampler (a DistributedSampler) and cannot be combined with "
+                         "sampler= or batch_sampler=; pass your own DistributedSampler as sampler= instead")
+    return DistributedSampler(dataset, num_replicas=shard.world_size, rank=shard.rank, shuffle=bool(shuffle),
+                              seed=seed, drop_last=drop_last)
+
+
 class _TorchIterator(_WorkerIterator):
     """One epoch, with torch's words for a dead worker, and torch's warning when an
     IterableDataset yields more than the ``len(loader)`` read before ``iter()``."""
@@ -345,3 +405,6 @@ def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dat
         apply_sharding(dataset, num_workers, worker_id)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+
+
+from ._stateful import StatefulDataLoader  # noqa: E402  (it builds on DataLoader above)

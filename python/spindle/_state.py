@@ -1,0 +1,174 @@
+"""Checkpoint and exact resume: the loaders' state dicts and per-sample random streams.
+
+A loader's state is where it stands in its sequence of batches: the epoch,
+how many batches of it were handed out, and what the epoch's order and random
+draws derive from (a seed, or for the torch drop-in the states of the torch
+generators its sampler draws from at the start of the epoch). No sample, batch
+or index list is kept, so the state is a few hundred bytes (a few KiB with
+torch generator states) and JSON-able; it carries a format name and a version.
+
+Resuming recomputes the epoch's order and skips the batches already handed
+out. Batch k of an epoch is made of the same samples whatever the worker
+count (in order, batches are cut from the order before any worker sees them),
+so a loader may resume with another ``num_workers``. What a dataset draws at
+random is made independent of the worker too: before each sample, the worker
+reseeds Python's ``random``, numpy's global generator (and torch's CPU
+generator in the torch drop-in) from (seed, epoch, sample index) — see
+:class:`Reseeded`.
+"""
+
+from __future__ import annotations
+
+import base64
+import mmap
+import random
+from typing import Any, Iterator, Mapping, Optional
+
+import numpy as np
+
+__all__ = ["STATE_VERSION", "sample_seed", "Reseeded", "Position", "Progress", "new_state", "check_state"]
+
+STATE_VERSION = 1
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit integers that scatters nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The 64-bit seed of sample `index` in `epoch` of a loader seeded with `seed`."""
+    return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+
+
+class Reseeded:
+    """The dataset as workers see it when per-sample randomness must not depend on the worker:
+    ``dataset[i]`` runs after ``random``, numpy's global generator (and, with ``torch_cpu``,
+    torch's default CPU generator) are seeded from ``sample_seed(seed, epoch, i)``.
+
+    So a sample draws the same augmentation whichever worker loads it, and a loader resumed
+    with another worker count draws what the uninterrupted run drew. The same sample index
+    twice in one epoch (padding, sampling with replacement) draws alike."""
+
+    def __init__(self, dataset: Any, seed: int, epoch: "int | EpochCell", torch_cpu: Any = None) -> None:
+        self.dataset = dataset
+        self._seed = _mix(seed & _MASK)
+        self._epoch = epoch
+        self._key = -1
+        self._key_epoch = -1
+        self._torch = torch_cpu  # torch.default_generator (torch.manual_seed also walks CUDA/MPS/XPU: ~1 ms)
+
+    def __getitem__(self, index: Any) -> Any:
+        epoch = self._epoch if isinstance(self._epoch, int) else self._epoch.get()
+        if epoch != self._key_epoch:
+            self._key, self._key_epoch = _mix(self._seed ^ (epoch & _MASK)), epoch
+        s = _mix(self._key ^ (int(index) & _MASK))
+        random.seed(s)
+        np.random.seed(s & 0xFFFFFFFF)
+        if self._torch is not None:
+            self._torch.manual_seed(s >> 1)  # torch wants a seed below 2**63
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class EpochCell:
+    """The epoch number in 8 bytes of anonymous shared memory, inherited by forked workers:
+    persistent workers read the epoch the consumer set before it handed them the epoch's
+    order (the runtime's queue orders the write before their claims)."""
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, 8)
+
+    def set(self, epoch: int) -> None:
+        self._map[:8] = int(epoch).to_bytes(8, "little")
+
+    def get(self) -> int:
+        return int.from_bytes(self._map[:8], "little")
+
+
+class Position:
+    """How far an epoch's iterator got: kept by the loader (not the iterator itself, so that
+    dropping the iterator still stops its workers)."""
+
+    def __init__(self, epoch: int, yielded: int) -> None:
+        self.epoch = epoch
+        self.yielded = yielded  # batches of this epoch handed out, counting those skipped on resume
+        self.finished = False
+
+
+class Progress:
+    """An epoch's iterator that counts the batches it hands out into a :class:`Position`."""
+
+    def __init__(self, it: Iterator[Any], position: Position) -> None:
+        self._it = it
+        self.position = position
+
+    def __iter__(self) -> "Progress":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.position.finished = True
+            raise
+        self.position.yielded += 1
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_it":
+            raise AttributeError(name)
+        return getattr(self._it, name)
+
+
+def new_state(fmt: str, **fields: Any) -> dict[str, Any]:
+    """A state dict of format `fmt` at the current version."""
+    return {"format": fmt, "version": STATE_VERSION, **fields}
+
+
+def check_state(state: Mapping[str, Any], fmt: str, expected: Mapping[str, Any]) -> None:
+    """Refuses a state of another format or version, or made for another dataset/loader setting
+    (each key of `expected` must match), naming what differs and what to do."""
+    if not isinstance(state, Mapping) or state.get("format") != fmt:
+        found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(f"spindle: this is not a {fmt} state (its format is {found!r}); pass the dict "
+                         f"that {fmt}.state_dict() returned")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"spindle: {fmt} state version {state.get('version')!r} is not supported by this "
+                         f"spindle (it reads version {STATE_VERSION})")
+    wrong = [f"{key}: state has {state.get(key)!r}, this loader {value!r}" for key, value in expected.items()
+             if _jsonish(state.get(key)) != _jsonish(value)]
+    if wrong:
+        raise ValueError(f"spindle: the {fmt} state was saved by a loader set up differently, so the batches "
+                         f"after resuming would not be the ones it would have yielded ({'; '.join(wrong)}). "
+                         "Build the loader with the same dataset and settings as the one that saved it.")
+
+
+def _jsonish(value: Any) -> Any:
+    """Tuples and lists compare alike (a state read back from JSON has lists)."""
+    if isinstance(value, (tuple, list)):
+        return [_jsonish(v) for v in value]
+    return value
+
+
+def bytes_to_json(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def json_to_bytes(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+def epoch_and_skip(state: Optional[dict[str, Any]]) -> tuple[int, int]:
+    return (int(state["epoch"]), int(state["batches"])) if state else (0, 0)
