@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import mmap
 import random
+import sys
 from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
@@ -38,6 +39,12 @@ def _mix(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+def torch_cpu_generator() -> Any:
+    """torch's default CPU generator if torch is imported (spindle never imports it), else None."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "default_generator", None)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

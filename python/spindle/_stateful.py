@@ -182,6 +182,11 @@ class StatefulDataLoader(DataLoader):
                 torch.default_generator.set_state(default_now)
         return it
 
+    def _first_epoch_sampler(self, sampler_iter: Any) -> Any:
+        # torchdata's multi-process iterator calls iter(index sampler) in __init__ (before drawing the
+        # base seed) and again in _reset(); its RandomSampler draws a permutation at each iter().
+        return iter(self._torch._index_sampler)
+
     def _resume_batches(self, batches: list[list[Any]], base_seed: int) -> tuple[list[list[Any]], int]:
         resume, self._resume = self._resume, None
         if self._root_seed is None:

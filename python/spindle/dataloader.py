@@ -22,7 +22,7 @@ from ._caps import ThreadWatchdog
 from ._forking import forking
 from ._layout import BatchReader, collate_local
 from ._sharding import resolve_shard, shard_order
-from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state
+from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state, torch_cpu_generator
 from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -48,7 +48,8 @@ class DataLoader:
         num_workers: worker processes; 0 loads in the calling process.
         seed: makes shuffling and the random draws reproducible: epoch ``e``
             shuffles with ``(seed, e)``, and before each sample the worker
-            seeds ``random`` and numpy's global generator from
+            seeds ``random``, numpy's global generator (and torch's CPU
+            generator, if torch is imported) from
             ``(seed, e, sample index)``, so augmentations do not depend on
             which worker (or how many) loaded a sample. None draws fresh
             entropy once per loader (0 when sharded: every rank must draw
@@ -177,7 +178,7 @@ class DataLoader:
         if len(order) == 0:
             return iter(())
         if self.num_workers == 0:
-            return _InProcessIterator(self, order, worker_seed, Reseeded(self.dataset, self._entropy, epoch))
+            return _InProcessIterator(self, order, worker_seed, Reseeded(self.dataset, self._entropy, epoch, torch_cpu_generator()))
         decode = batch_decoder(BatchReader())
         self._epoch_cell.set(epoch)
         if not self.persistent_workers:
@@ -223,7 +224,7 @@ class DataLoader:
                     shard_drop_last=self.shard_drop_last)
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        dataset = Reseeded(self.dataset, self._entropy, self._epoch_cell)
+        dataset = Reseeded(self.dataset, self._entropy, self._epoch_cell, torch_cpu_generator())
         body = partial(run_worker, dataset=dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         with forking():

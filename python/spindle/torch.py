@@ -135,6 +135,11 @@ class DataLoader(Generic[_T_co]):
             self._torch.sampler.set_epoch(self._epochs_begun)
         self._epochs_begun += 1
 
+    def _first_epoch_sampler(self, sampler_iter: Any) -> Any:
+        """Hook: the sampler iterator of an epoch that starts its workers (torchdata's iterates its sampler
+        again there, and its stateful RandomSampler draws its permutation at iter())."""
+        return sampler_iter
+
     def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
         """Hook: the dataset as the workers see it (StatefulDataLoader reseeds per sample)."""
         return dataset
@@ -168,6 +173,7 @@ class DataLoader(Generic[_T_co]):
             base_seed = self._base_seed
         else:
             base_seed = self._base_seed = _draw(loader.generator)
+            sampler_iter = self._first_epoch_sampler(sampler_iter)
         if loader._auto_collation:
             batches = [list(b) for b in sampler_iter]
         else:
