@@ -41,10 +41,9 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def torch_cpu_generator() -> Any:
-    """torch's default CPU generator if torch is imported (spindle never imports it), else None."""
-    torch = sys.modules.get("torch")
-    return getattr(torch, "default_generator", None)
+def torch_imported() -> bool:
+    """Whether torch is imported here (spindle never imports it): then its CPU generator is reseeded too."""
+    return "torch" in sys.modules
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -61,13 +60,15 @@ class Reseeded:
     with another worker count draws what the uninterrupted run drew. The same sample index
     twice in one epoch (padding, sampling with replacement) draws alike."""
 
-    def __init__(self, dataset: Any, seed: int, epoch: "int | EpochCell", torch_cpu: Any = None) -> None:
+    def __init__(self, dataset: Any, seed: int, epoch: "int | EpochCell", torch_cpu: bool = False) -> None:
         self.dataset = dataset
         self._seed = _mix(seed & _MASK)
         self._epoch = epoch
         self._key = -1
         self._key_epoch = -1
-        self._torch = torch_cpu  # torch.default_generator (torch.manual_seed also walks CUDA/MPS/XPU: ~1 ms)
+        # torch's default CPU generator, looked up in the worker (a Generator does not pickle for
+        # spawned workers); torch.manual_seed would also walk CUDA/MPS/XPU (~1 ms a call).
+        self._torch = bool(torch_cpu)
 
     def __getitem__(self, index: Any) -> Any:
         epoch = self._epoch if isinstance(self._epoch, int) else self._epoch.get()
@@ -76,8 +77,8 @@ class Reseeded:
         s = _mix(self._key ^ (int(index) & _MASK))
         random.seed(s)
         np.random.seed(s & 0xFFFFFFFF)
-        if self._torch is not None:
-            self._torch.manual_seed(s >> 1)  # torch wants a seed below 2**63
+        if self._torch:
+            sys.modules["torch"].default_generator.manual_seed(s >> 1)  # torch wants a seed below 2**63
         return self.dataset[index]
 
     def __len__(self) -> int:

@@ -202,9 +202,9 @@ class StatefulDataLoader(DataLoader):
     def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
         epoch = self._epochs_begun - 1
         if spawns or not self.persistent_workers:
-            return Reseeded(dataset, self._root_seed, epoch, torch.default_generator)
+            return Reseeded(dataset, self._root_seed, epoch, torch_cpu=True)
         self._epoch_cell.set(epoch)
-        return Reseeded(dataset, self._root_seed, self._epoch_cell, torch.default_generator)
+        return Reseeded(dataset, self._root_seed, self._epoch_cell, torch_cpu=True)
 
     def _wrap(self, it: Any) -> Any:
         skip, self._skip = self._skip, 0

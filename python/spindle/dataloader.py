@@ -22,7 +22,7 @@ from ._caps import ThreadWatchdog
 from ._forking import forking
 from ._layout import BatchReader, collate_local
 from ._sharding import resolve_shard, shard_order
-from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state, torch_cpu_generator
+from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state, torch_imported
 from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -51,9 +51,11 @@ class DataLoader:
             seeds ``random``, numpy's global generator (and torch's CPU
             generator, if torch is imported) from
             ``(seed, e, sample index)``, so augmentations do not depend on
-            which worker (or how many) loaded a sample. None draws fresh
-            entropy once per loader (0 when sharded: every rank must draw
-            the same order, as DistributedSampler's default seed).
+            which worker (or how many) loaded a sample, and a resumed loader
+            draws what the uninterrupted one drew. None draws fresh entropy
+            once per loader for the order (0 when sharded: every rank must
+            draw the same order, as DistributedSampler's default seed) and
+            seeds each worker once, not each sample.
         timeout: seconds to wait for one batch before raising
             :class:`~spindle.errors.LoaderTimeoutError`; 0 (or inf) waits forever.
         drop_last: drop the last batch if it is short.
@@ -178,7 +180,7 @@ class DataLoader:
         if len(order) == 0:
             return iter(())
         if self.num_workers == 0:
-            return _InProcessIterator(self, order, worker_seed, Reseeded(self.dataset, self._entropy, epoch, torch_cpu_generator()))
+            return _InProcessIterator(self, order, worker_seed, self._seeded(self.dataset, epoch))
         decode = batch_decoder(BatchReader())
         self._epoch_cell.set(epoch)
         if not self.persistent_workers:
@@ -212,6 +214,8 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next
         (any num_workers; the dataset, batch size, shuffle, seed and shard must be the same)."""
+        if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
+            self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
         check_state(state, "spindle.DataLoader", self._state_settings())
         self._epoch = int(state["epoch"])
         self._resume_skip = int(state["batches"])
@@ -223,8 +227,14 @@ class DataLoader:
                     shuffle=self.shuffle, drop_last=self.drop_last, shard=shard,
                     shard_drop_last=self.shard_drop_last)
 
+    def _seeded(self, dataset: Any, epoch: Any) -> Any:
+        """With a seed, the dataset reseeded before each sample from (seed, epoch, index); without one,
+        the workers' per-worker seeds (no cost per sample: ~17 us for random + numpy, ~38 us with torch,
+        measured on the 2-core machine under load)."""
+        return Reseeded(dataset, self._entropy, epoch, torch_imported()) if self.seed is not None else dataset
+
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        dataset = Reseeded(self.dataset, self._entropy, self._epoch_cell, torch_cpu_generator())
+        dataset = self._seeded(self.dataset, self._epoch_cell)
         body = partial(run_worker, dataset=dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
         with forking():

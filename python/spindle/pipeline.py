@@ -235,6 +235,8 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next."""
+        if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
+            self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
         check_state(state, "spindle.Loader", self._state_settings())
         self._epoch = int(state["epoch"])
         self._resume_skip = int(state["batches"])

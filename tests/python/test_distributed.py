@@ -20,6 +20,9 @@ from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 
 import spindle.torch as st  # noqa: E402
 
+pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+              pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+
 
 class Ids:
     """Sample i is {"id": i, "noise": draws from random, numpy's and torch's global generators}."""
@@ -153,6 +156,21 @@ def test_dataloader_resumes_exactly_with_another_worker_count(before, after):
     resumed.load_state_dict(state)
     assert as_lists(resumed) == whole[0][5:]
     assert as_lists(resumed) == whole[1]
+
+
+def test_dataloader_without_a_seed_resumes_the_same_order():
+    """Proves: seed=None draws its entropy once and keeps it in the state: a resumed loader without a seed
+    (another worker count) yields the same samples in the same batches; one with another seed is refused."""
+    first = spindle.DataLoader(Ids(30), batch_size=4, shuffle=True, num_workers=2)
+    it = iter(first)
+    [next(it) for _ in range(2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = ids(it)
+    resumed = spindle.DataLoader(Ids(30), batch_size=4, shuffle=True, num_workers=1)
+    resumed.load_state_dict(state)  # a loader without a seed takes the state's entropy
+    assert ids(resumed) == rest
+    with pytest.raises(ValueError, match="seed: state has"):  # one with another seed is refused
+        spindle.DataLoader(Ids(30), batch_size=4, shuffle=True, seed=1).load_state_dict(state)
 
 
 def test_dataloader_state_at_epoch_end_starts_the_next_and_refuses_another_setting():
@@ -309,6 +327,23 @@ def test_stateful_loader_resumes_with_another_worker_count_and_the_same_random_d
     resumed = make(after)
     resumed.load_state_dict(state)
     assert as_lists(resumed) == whole[3:]
+
+
+def test_stateful_loader_resumes_with_spawned_workers():
+    """Proves: with multiprocessing_context='spawn' the resumed batches (random draws included) are the
+    uninterrupted run's."""
+    def make(workers):
+        return st.StatefulDataLoader(Ids(20), batch_size=4, shuffle=True, num_workers=workers,
+                                     multiprocessing_context="spawn", generator=torch.Generator().manual_seed(3))
+    whole = as_lists(make(2))
+    first = make(2)
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    resumed = make(1)
+    resumed.load_state_dict(state)
+    assert as_lists(resumed) == whole[1:]
 
 
 def test_stateful_loader_resumes_an_iterable_dataset_with_the_same_workers():
