@@ -229,8 +229,8 @@ class DataLoader:
 
     def _seeded(self, dataset: Any, epoch: Any) -> Any:
         """With a seed, the dataset reseeded before each sample from (seed, epoch, index); without one,
-        the workers' per-worker seeds (no cost per sample: ~17 us for random + numpy, ~38 us with torch,
-        measured on the 2-core machine under load)."""
+        the workers' per-worker seeds (no cost per sample; reseeding adds ~14 us for random + numpy,
+        ~17 us with torch: bench/python/reseed_bench.py)."""
         return Reseeded(dataset, self._entropy, epoch, torch_imported()) if self.seed is not None else dataset
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:

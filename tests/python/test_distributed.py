@@ -108,6 +108,33 @@ def test_ranks_draw_one_global_shuffle_and_load_disjoint_complete_parts(workers)
     assert [whole[k] for k in range(1, 48, 3)] == parts[1]  # every 3rd sample of the one global order
 
 
+def test_jax_processes_shard_auto_by_process_index(tmp_path):
+    """Proves: 2 JAX processes (jax.distributed.initialize on 127.0.0.1, CPU) with shard="auto" read
+    jax.process_index()/process_count() and load disjoint parts whose union is the dataset."""
+    pytest.importorskip("jax")
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = Path(__file__).with_name("jax_job.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["JAX_PLATFORMS"] = "cpu"
+    procs = [subprocess.Popen([sys.executable, str(job), str(port), str(i), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
+    for p in procs:
+        output = p.communicate(timeout=90)[0].decode(errors="replace")
+        assert p.returncode == 0, output[-3000:]
+    found = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    assert [f["shard"] for f in found] == [[i, 2, "jax.process_index()/process_count()"] for i in range(2)]
+    assert sorted(found[0]["ids"] + found[1]["ids"]) == list(range(30))
+    assert len(found[0]["ids"]) == len(found[1]["ids"]) == 15
+
+
 def test_padding_gives_every_rank_as_many_samples_and_drop_cuts_the_tail():
     """Proves: 10 samples over 4 ranks: padded to 3 each (2 repeats), or 2 each with shard_drop_last."""
     padded = [ids(spindle.DataLoader(Ids(10), batch_size=10, shard=(r, 4))) for r in range(4)]
