@@ -27,7 +27,8 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["STATE_VERSION", "sample_seed", "Reseeded", "Position", "Progress", "new_state", "check_state"]
+__all__ = ["STATE_VERSION", "sample_seed", "Reseeded", "EpochCell", "Position", "Progress", "new_state", "check_state",
+           "bytes_to_json", "json_to_bytes", "torch_imported"]
 
 STATE_VERSION = 1
 _MASK = (1 << 64) - 1
@@ -176,7 +177,3 @@ def bytes_to_json(data: bytes) -> str:
 
 def json_to_bytes(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
-
-
-def epoch_and_skip(state: Optional[dict[str, Any]]) -> tuple[int, int]:
-    return (int(state["epoch"]), int(state["batches"])) if state else (0, 0)

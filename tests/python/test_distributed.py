@@ -277,6 +277,53 @@ def test_native_loader_shards_by_rank(npy):
     assert len(spindle.Loader(pipe, shard=(0, 4))) == 3
 
 
+@pytest.fixture(scope="module")
+def wds_shards(tmp_path_factory):
+    """4 WebDataset shards of 5 PNGs (16x16, every pixel = the sample id 0..19) with their cls."""
+    import io
+    import tarfile
+
+    PIL = pytest.importorskip("PIL.Image")
+    root = tmp_path_factory.mktemp("wds")
+    shards = []
+    for shard in range(4):
+        path = root / f"shard-{shard}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(5):
+                sample = shard * 5 + k
+                png = io.BytesIO()
+                PIL.fromarray(np.full((16, 16, 3), sample, np.uint8)).save(png, format="PNG")
+                for name, data in ((f"s{sample:03d}.png", png.getvalue()), (f"s{sample:03d}.cls", b"0")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        shards.append(str(path))
+    return shards
+
+
+def test_webdataset_shards_by_rank_and_resumes_with_the_same_workers(wds_shards):
+    """Proves: a WebDataset splits by shard file across ranks (disjoint, complete); a rank's stream resumes
+    after k batches to the uninterrupted run's rest; another num_workers is refused (its order differs)."""
+    pipe = sp.webdataset(wds_shards).decode().center_crop(8).batch(2)
+    sample_ids = lambda batches: [int(v) for b in batches for v in b["image"][:, 0, 0, 0]]  # noqa: E731
+    parts = [sample_ids(spindle.Loader(pipe, num_workers=2, shard=(r, 2))) for r in range(2)]
+    assert sorted(parts[0]) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]
+    assert sorted(parts[0] + parts[1]) == list(range(20))
+    first = spindle.Loader(pipe, num_workers=2, shard=(1, 2))
+    it = iter(first)
+    head = sample_ids([next(it), next(it)])
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = sample_ids(it)
+    assert head + rest == parts[1]
+    resumed = spindle.Loader(pipe, num_workers=2, shard=(1, 2))
+    resumed.load_state_dict(state)
+    assert sample_ids(resumed) == rest
+    with pytest.raises(ValueError, match="num_workers: state has 2, this loader 3"):
+        spindle.Loader(pipe, num_workers=3, shard=(1, 2)).load_state_dict(state)
+    with pytest.raises(ValueError, match="4 shard files cannot be split across 5 ranks"):
+        spindle.Loader(pipe, shard=(0, 5))
+
+
 # --- spindle.torch.StatefulDataLoader against torchdata 0.11 ----------------
 StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
 
