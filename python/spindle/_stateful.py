@@ -80,8 +80,11 @@ class StatefulDataLoader(DataLoader):
         position = self._position
         generators = self._generator_states(include_default=False)
         if position is None or position.finished:  # at the start of the next epoch
+            # whose draws are those of persistent workers' later epochs if the workers are up
+            reuses = self.persistent_workers and self._runtime is not None
             return new_state(_FORMAT, epoch=self._epochs_begun, batches=0, finished=position is not None,
-                             root_seed=self._root_seed, generators=generators, **self._settings())
+                             root_seed=self._root_seed, generators=generators, restarted=not reuses,
+                             base_seed=self._base_seed if reuses else None, **self._settings())
         if not loader.in_order:
             raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the batches "
                              "handed out are not a prefix of the epoch, so no position resumes it")
@@ -158,21 +161,17 @@ class StatefulDataLoader(DataLoader):
         resume = self._resume
         self._epoch_cell.set(self._epochs_begun)  # read by persistent workers' per-sample seeds
         default_now = None
-        if resume is not None and not resume["finished"] and resume["batches"] > 0:
-            # Replay the epoch's draws from its start: the owned generators were set by
-            # load_state_dict; torch's global one is set for the replay and then put back.
-            default = resume.get("generators", {}).get("default")
-            if default is not None:
-                default_now = torch.default_generator.get_state()
-                torch.default_generator.set_state(_byte_tensor(default))
-        elif resume is not None:
-            resume = None  # at an epoch's start: nothing to skip, the generators are where they were
-            self._resume = None
+        # Replay the epoch's draws from its start: the generators of its own were set by
+        # load_state_dict; torch's global one (in a mid-epoch state, when the sampler draws
+        # from it) is set for the replay and then put back.
+        default = None if resume is None else resume["generators"].get("default")
+        if default is not None:
+            default_now = torch.default_generator.get_state()
+            torch.default_generator.set_state(_byte_tensor(default))
         self._epoch_start = {"generators": self._generator_states(include_default=True)}
         if isinstance(self._torch.dataset, IterableDataset):
             self._epoch_start["base_seed"] = None
             if resume is not None:
-                self._epoch_start["generators"] = resume["generators"]
                 self._skip = int(resume["batches"])
                 self._resume = None
         try:
@@ -181,6 +180,13 @@ class StatefulDataLoader(DataLoader):
             if default_now is not None:
                 torch.default_generator.set_state(default_now)
         return it
+
+    def _draws_as_persistent(self, reuse: bool) -> bool:
+        # A replayed epoch draws as the epoch it replays did: a persistent loader's later epochs
+        # (torchdata's _reset alone) iterate the sampler once and draw no base seed.
+        restarted = reuse is False if self._resume is None else self._resume.get("restarted", True)
+        self._epoch_start["restarted"] = restarted
+        return not restarted
 
     def _first_epoch_sampler(self, sampler_iter: Any) -> Any:
         # torchdata's multi-process iterator calls iter(index sampler) in __init__ (before drawing the
@@ -194,8 +200,9 @@ class StatefulDataLoader(DataLoader):
         if resume is None:
             self._epoch_start["base_seed"] = base_seed
             return batches, base_seed
-        base_seed = int(resume["base_seed"])
-        self._epoch_start = {"generators": resume["generators"], "base_seed": base_seed}
+        if resume.get("base_seed") is not None:
+            base_seed = self._base_seed = int(resume["base_seed"])  # the replayed epoch's (later reuses too)
+        self._epoch_start["base_seed"] = base_seed
         self._skip = int(resume["batches"])
         return batches[self._skip:], base_seed
 

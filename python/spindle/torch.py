@@ -135,6 +135,10 @@ class DataLoader(Generic[_T_co]):
             self._torch.sampler.set_epoch(self._epochs_begun)
         self._epochs_begun += 1
 
+    def _draws_as_persistent(self, reuse: bool) -> bool:
+        """Hook: whether this epoch draws as torch's persistent workers' later epochs (no new base seed)."""
+        return reuse
+
     def _first_epoch_sampler(self, sampler_iter: Any) -> Any:
         """Hook: the sampler iterator of an epoch that starts its workers (torchdata's iterates its sampler
         again there, and its stateful RandomSampler draws its permutation at iter())."""
@@ -169,7 +173,7 @@ class DataLoader(Generic[_T_co]):
         # iterator: persistent workers keep the base seed of their first epoch.
         sampler_iter = iter(loader._index_sampler)
         reuse = self.persistent_workers and self._runtime is not None
-        if reuse:
+        if self._draws_as_persistent(reuse):
             base_seed = self._base_seed
         else:
             base_seed = self._base_seed = _draw(loader.generator)

@@ -362,6 +362,53 @@ def test_stateful_loader_resumes_where_torchdata_resumes(shuffle, k):
     assert sp_[4] == td[4] == td[2]               # and the epoch after it is the uninterrupted one
 
 
+def test_stateful_loader_with_persistent_workers_draws_as_torchdata_over_epochs():
+    """Proves: with persistent_workers=True, three shuffled epochs equal torchdata's; a state taken mid-way
+    through the second, or after the first, resumes to torchdata's batches."""
+    kwargs = dict(dataset=PlainIds(18), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+    theirs, ours = td_and_ours(**kwargs)
+    assert [as_lists(ours) for _ in range(3)] == [as_lists(theirs) for _ in range(3)]
+    out = []
+    for cls in (StatefulDataLoader, st.StatefulDataLoader):
+        torch.manual_seed(4)
+        loader = cls(**kwargs)
+        as_lists(loader)
+        it = iter(loader)
+        next(it)
+        state = json.loads(json.dumps(loader.state_dict())) if cls is st.StatefulDataLoader else loader.state_dict()
+        rest = as_lists(it)
+        del it
+        again = cls(**kwargs)
+        again.load_state_dict(state)
+        out.append((rest, as_lists(again)))
+    assert out[0] == out[1] and out[0][0] == out[0][1]
+    ends = []
+    for cls in (StatefulDataLoader, st.StatefulDataLoader):  # a state after an epoch: the next one
+        torch.manual_seed(4)
+        loader = cls(**kwargs)
+        as_lists(loader)
+        state = loader.state_dict()
+        following = as_lists(loader)
+        again = cls(**kwargs)
+        again.load_state_dict(json.loads(json.dumps(state)) if cls is st.StatefulDataLoader else state)
+        ends.append((following, as_lists(again), as_lists(again)))
+    assert ends[0] == ends[1] and ends[0][0] == ends[0][1]
+
+
+def test_per_sample_seeds_are_the_documented_function_of_seed_epoch_and_index():
+    """Proves: a sample's draws are those of random/numpy seeded with sample_seed(seed, epoch, index)."""
+    from spindle._state import sample_seed
+
+    loader = spindle.DataLoader(Ids(10), batch_size=5, num_workers=2, seed=9)
+    as_lists(loader)
+    batch = as_lists(loader)[1]  # epoch 1, second batch: samples 5..9
+    for row, i in zip(batch[1], range(5, 10)):
+        s = sample_seed(9, 1, i)
+        random.seed(s)
+        np.random.seed(s & 0xFFFFFFFF)
+        assert row[:2] == [random.random(), np.random.rand()]
+
+
 def test_stateful_loader_end_of_epoch_state_and_empty_state_behave_as_torchdatas():
     """Proves: a state after the epoch ended starts the next epoch; load_state_dict({}) changes nothing."""
     kwargs = dict(dataset=PlainIds(12), batch_size=5, shuffle=True, num_workers=2)
