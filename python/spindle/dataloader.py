@@ -92,6 +92,7 @@ class DataLoader:
     epoch (a small JSON-able dict); a loader given a state yields exactly the
     batches the saved one would have yielded next, also with another
     ``num_workers``.
+
     Dataset code runs only in the workers: nothing is read in this process to
     plan the ring (each batch carries its own layout, and slots grow to fit).
     Ctrl-C while waiting raises KeyboardInterrupt and stops the workers;

@@ -329,7 +329,7 @@ def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: A
 
     if isinstance(dataset, IterableDataset):
         raise ValueError("spindle: shard= needs a map-style dataset; an IterableDataset shards itself "
-                         "(read torch.distributed.get_rank() or spindle's resolve in its __iter__)")
+                         "(e.g. with torch.distributed.get_rank() and get_world_size() in its __iter__)")
     if sampler is not None or batch_sampler is not None:
         raise ValueError("spindle: shard= builds the sampler (a DistributedSampler) and cannot be combined with "
                          "sampler= or batch_sampler=; pass your own DistributedSampler as sampler= instead")

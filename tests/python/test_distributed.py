@@ -148,8 +148,8 @@ def test_torch_dropin_shard_equals_distributed_sampler_and_default_is_torchs():
     """Proves: spindle.torch.DataLoader(shard=) yields what torch yields with DistributedSampler (set_epoch per
     epoch); a DistributedSampler passed as sampler keeps working; without shard= nothing is sharded."""
     data = PlainIds(30)
-    for rank in range(2):
-        ours = st.DataLoader(data, batch_size=4, shuffle=True, num_workers=2, shard=(rank, 2), shard_seed=3)
+    for rank, workers in ((0, 2), (1, 0)):
+        ours = st.DataLoader(data, batch_size=4, shuffle=True, num_workers=workers, shard=(rank, 2), shard_seed=3)
         sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
         theirs = TorchDataLoader(data, batch_size=4, sampler=sampler, num_workers=0)
         for epoch in range(2):
@@ -407,6 +407,25 @@ def test_per_sample_seeds_are_the_documented_function_of_seed_epoch_and_index():
         random.seed(s)
         np.random.seed(s & 0xFFFFFFFF)
         assert row[:2] == [random.random(), np.random.rand()]
+
+
+def test_stateful_loader_in_process_is_torchdatas_loop_with_a_json_state():
+    """Proves: with num_workers=0 the loop and its resume are torchdata's, and the state goes through JSON."""
+    kwargs = dict(dataset=PlainIds(20), batch_size=3, shuffle=True, num_workers=0)
+    theirs, ours = td_and_ours(**kwargs)
+    results = []
+    for loader, cls in ((theirs, StatefulDataLoader), (ours, st.StatefulDataLoader)):
+        it = iter(loader)
+        head = [next(it) for _ in range(2)]
+        state = loader.state_dict()
+        if cls is st.StatefulDataLoader:
+            state = json.loads(json.dumps(state))
+        resumed = cls(**kwargs)
+        resumed.load_state_dict(state)
+        results.append((as_lists(head), as_lists(it), as_lists(resumed)))
+    assert results[0] == results[1] and results[0][1] == results[0][2]
+    with pytest.raises(ValueError, match="saved with num_workers=0"):
+        st.StatefulDataLoader(PlainIds(20), batch_size=3, num_workers=2).load_state_dict(state)
 
 
 def test_stateful_loader_end_of_epoch_state_and_empty_state_behave_as_torchdatas():
