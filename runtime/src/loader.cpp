@@ -291,8 +291,8 @@ void Loader::drain_inflight() {
   const BatchRing& r = ring_->ring;
   for (uint32_t q = 0; q < r.num_queues(); ++q)
     while (auto s = r.queue(q).try_claim()) {
-      r.set_state(*s, SlotState::kFree);
-      inflight_.erase(std::find(inflight_.begin(), inflight_.end(), *s));
+      r.set_state(*s, SlotState::kFree);  // kPosted -> kFree: the consumer won the claim, the slot is its own
+      if (auto it = std::find(inflight_.begin(), inflight_.end(), *s); it != inflight_.end()) inflight_.erase(it);
     }
   while (!inflight_.empty()) {
     const auto s = wait_for_delivery({});

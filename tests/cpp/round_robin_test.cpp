@@ -14,6 +14,8 @@
 #include <spindle/error.hpp>
 #include <spindle/loader.hpp>
 
+#include "test_support.hpp"
+
 namespace {
 
 constexpr uint32_t kCapacity = 4;
@@ -178,6 +180,33 @@ TEST(RoundRobin, ResetStreamsHandsEachWorkerItsStartMessage) {
   EXPECT_EQ(drain(loader).values, (std::vector<int32_t>{0, 1005, 1, 1006, 2, 1007}));
   loader.close();
   EXPECT_THROW(loader.reset_streams(), std::logic_error);
+}
+
+// Proves: a restart takes back the items no worker has claimed instead of
+// having them produced and thrown away: with one slow worker and 4 items in
+// flight, only the item being filled is finished before the new stream.
+TEST(RoundRobin, ResetStreamsTakesBackUnclaimedItems) {
+  spindle::testing::SharedMapping produced(sizeof(std::atomic<int32_t>));
+  auto* count = new (produced.data()) std::atomic<int32_t>(0);
+  auto slow = [count](spindle::WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      if (!item->new_stream) usleep(100000);  // the old epoch is slow
+      count->fetch_add(1);
+      auto* out = reinterpret_cast<int32_t*>(ctx.reserve(*item, sizeof(int32_t)).data());
+      *out = item->new_stream ? -1 : 0;
+      ctx.commit(*item, 1);
+    }
+    return 0;
+  };
+  spindle::Loader loader(restart_options(1, 4), spindle::BatchPlan{}, slow);
+  ASSERT_TRUE(loader.next());
+  loader.reset_streams();
+  const int32_t before = count->load();
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*reinterpret_cast<const int32_t*>(b->data().data()), -1) << "the new stream's first item";
+  EXPECT_LE(before, 3) << "items of the old epoch were produced after the restart was asked";
+  loader.close();
 }
 
 // Proves: the loader records how each worker ended: nothing while they run, an

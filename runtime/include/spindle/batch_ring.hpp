@@ -32,6 +32,11 @@
 //   kFilling --worker commit--> kReady    kFilling --worker fail--> kFailed
 //   kReady --consumer delivers--> kLeased --last lease dropped--> kFree
 //   kFailed --consumer raises the error--> kFree
+//   kPosted --consumer takes the item back (Loader::reset*)--> kFree
+//
+// Taking an item back: the consumer claims it from the queue itself (the
+// queues allow any number of claimers); winning that CAS makes the slot its
+// own exactly as a worker's win would, so no worker ever sees it.
 //
 // A slot is written only by the worker that claimed it, and is handed to a
 // new batch only from kFree, i.e. after the consumer released it: a batch the

@@ -156,8 +156,9 @@ class Loader {
   // loader intact. Calls from several threads are serialized.
   std::optional<Batch> next(const std::function<void()>& poll = {});
   // Starts a new epoch of `batches` on the same ring and workers (persistent
-  // workers). Batches of the previous epoch still in flight are waited for
-  // and discarded. Throws like next() if the loader failed.
+  // workers). Batches of the previous epoch not yet claimed by a worker are
+  // taken back, those being filled are waited for; both are discarded.
+  // Throws like next() if the loader failed.
   void reset(BatchPlan batches);
   // Round-robin loaders: starts a new epoch of every worker's stream on the
   // same workers (nothing is forked). Items of the old epoch not yet claimed
