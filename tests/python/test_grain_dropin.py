@@ -268,3 +268,22 @@ def test_repeat_after_mp_prefetch_keeps_the_workers_across_epochs():
         while any(os.path.exists(f"/proc/{p}") for _, p in got) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(os.path.exists(f"/proc/{p}") for _, p in got)
+
+
+def test_a_state_a_worker_cannot_restore_raises_at_next_naming_the_worker():
+    """set_state() with a state worker 1's iterator rejects: next() raises that worker's exception
+    (its type, a note naming the worker), each time that worker's turn comes, until a good state."""
+    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(10).to_iter_dataset(), options(2)))
+    assert [next(it), next(it)] == [0, 1]
+    good = it.get_state()
+    bad = it.get_state()
+    bad["iterators_in_use_states"][1] = {"bogus": 1}
+    it.set_state(bad)
+    assert next(it) == 2
+    for _ in range(2):
+        with pytest.raises(KeyError) as raised:
+            next(it)
+        assert any("spindle worker 1 started its stream again" in n for n in raised.value.__notes__)
+        assert next(it) in (4, 6)
+    it.set_state(good)
+    assert list(it) == list(range(2, 10))
