@@ -129,6 +129,8 @@ class _PrefetchIterator(grain.DatasetIterator):
     def start_prefetch(self) -> None:
         """Starts the workers now (or restarts their slices after set_state), so that elements are
         ready before the next ``next()``."""
+        if self._restart and self._runtime is not None and self._runtime.closed:
+            self.close()  # a failure closed the loader (a worker died): new workers start from the state
         if self._it is None:
             self._it = self._start()
         elif self._restart:

@@ -287,3 +287,20 @@ def test_a_state_a_worker_cannot_restore_raises_at_next_naming_the_worker():
         assert next(it) in (4, 6)
     it.set_state(good)
     assert list(it) == list(range(2, 10))
+
+
+def test_set_state_after_a_worker_died_starts_new_workers_from_the_state():
+    """A worker killed mid-iteration raises (grain's RuntimeError family); set_state() then starts new
+    workers from the state, and the elements after it are the ones that follow the state."""
+    import signal
+    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(20).to_iter_dataset(), options(2)))
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+    state = it.get_state()
+    old = it.worker_pids
+    os.kill(old[1], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="killed by signal 9"):
+        for _ in range(20):
+            next(it)
+    it.set_state(state)
+    assert list(it) == list(range(4, 20))
+    assert not set(it.worker_pids) & set(old)
