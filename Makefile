@@ -15,7 +15,7 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow torchdata==0.11.*
 JOBS ?= 2
 
-.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain \
+.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
 	bench clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 demo: install-py
@@ -86,6 +86,15 @@ PEER_MODE ?= patched
 peer-grain: install-py
 	$(PIP) install -q parameterized
 	tests/peers/grain/run.sh $(abspath $(PY)) $(PEER_MODE)
+
+# PyTorch's own test/test_dataloader.py (in PyTorch's repository, never in this
+# one: TORCH_TEST_FILE=<its path>) with spindle.torch patched in every
+# interpreter; PEER_MODE=torch runs it unpatched, for the baseline. Counts are
+# in docs/torch_dropin.md.
+peer-torch: install-py
+	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
+	$(PIP) install -q expecttest
+	tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
 bench: build-cpp install-py

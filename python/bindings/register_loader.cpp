@@ -202,7 +202,23 @@ void register_loader(py::module_& m) {
                              [](const WorkItem& w) {
                                return std::vector<int64_t>(w.indices.begin(), w.indices.end());
                              },
-                             "The sample indices of this batch, in order.");
+                             "The sample indices of this batch, in order.")
+      .def_readonly("new_stream", &WorkItem::new_stream,
+                    "Round-robin: the first item of a new epoch of this worker's stream (Loader.reset_streams): "
+                    "start the stream again before producing it.")
+      .def_property_readonly("message",
+                             [](const WorkItem& w) {
+                               return py::bytes(reinterpret_cast<const char*>(w.message.data()), w.message.size());
+                             },
+                             "With new_stream: the consumer's start message for this worker (b'' if none), "
+                             "copied out of the slot.");
+
+  py::class_<WorkerExit>(m, "WorkerExit", "How a worker process ended.")
+      .def_readonly("worker_id", &WorkerExit::worker_id)
+      .def_readonly("pid", &WorkerExit::pid)
+      .def_readonly("signaled", &WorkerExit::signaled, "True: killed by signal `code`; else exited with `code`.")
+      .def_readonly("code", &WorkerExit::code, "The signal number if signaled, else the exit status (-1: unknown).")
+      .def("describe", &WorkerExit::describe);
 
   py::class_<WorkerContext>(m, "WorkerContext")
       .def_property_readonly("worker_id", &WorkerContext::worker_id)
@@ -325,6 +341,17 @@ void register_loader(py::module_& m) {
              l.reset(std::move(plan));
            },
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none())
+      .def("reset_streams",
+           [](Loader& l, int first_worker, std::optional<std::vector<py::bytes>> messages) {
+             std::vector<std::string> m;
+             if (messages)
+               for (const py::bytes& b : *messages) m.emplace_back(b);
+             py::gil_scoped_release release;
+             l.reset_streams(first_worker, std::move(m));
+           },
+           py::kw_only(), py::arg("first_worker") = 0, py::arg("messages") = py::none(),
+           "Round-robin loaders: a new epoch of every worker's stream on the same workers; the first item "
+           "each worker claims has new_stream set and carries messages[w].")
       .def("close",
            [](Loader& l, double grace) {
              l.close(std::chrono::milliseconds(static_cast<int64_t>(std::clamp(grace, 0.0, 3600.0) * 1000)));
@@ -339,6 +366,9 @@ void register_loader(py::module_& m) {
       .def_property_readonly("budget_note", &Loader::budget_note,
                              "One line with the numbers when the loader runs with fewer workers than asked, else ''.")
       .def_property_readonly("worker_pids", [](const Loader& l) { return l.worker_pids(); })
+      .def_property_readonly("worker_exits", [](const Loader& l) { return l.worker_exits(); },
+                             "How each worker ended (a WorkerExit), or None while it has not been reaped; kept "
+                             "after close().")
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
       .def_property_readonly("copied_out", &Loader::copied_out);

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -154,7 +154,39 @@ class WorkItem:
         The sample indices of this batch, in order.
         """
     @property
+    def message(self) -> bytes:
+        """
+        With new_stream: the consumer's start message for this worker (b'' if none), copied out of the slot.
+        """
+    @property
+    def new_stream(self) -> bool:
+        """
+        Round-robin: the first item of a new epoch of this worker's stream (Loader.reset_streams): start the stream again before producing it.
+        """
+    @property
     def slot(self) -> int:
+        ...
+class WorkerExit:
+    """
+    How a worker process ended.
+    """
+    def describe(self) -> str:
+        ...
+    @property
+    def code(self) -> int:
+        """
+        The signal number if signaled, else the exit status (-1: unknown).
+        """
+    @property
+    def pid(self) -> int:
+        ...
+    @property
+    def signaled(self) -> bool:
+        """
+        True: killed by signal `code`; else exited with `code`.
+        """
+    @property
+    def worker_id(self) -> int:
         ...
 class WorkerContext:
     def begin_arrays(self, item: WorkItem, layout: SlotLayout, structure: bytes) -> list:
@@ -209,6 +241,10 @@ class Loader:
         ...
     def reset(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None) -> None:
         ...
+    def reset_streams(self, *, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, messages: collections.abc.Sequence[bytes] | None = None) -> None:
+        """
+        Round-robin loaders: a new epoch of every worker's stream on the same workers; the first item each worker claims has new_stream set and carries messages[w].
+        """
     @property
     def budget_note(self) -> str:
         """
@@ -233,6 +269,11 @@ class Loader:
     def requested_workers(self) -> int:
         """
         Workers asked for (plan.num_workers may be fewer under budget_policy="shrink").
+        """
+    @property
+    def worker_exits(self) -> list[WorkerExit | None]:
+        """
+        How each worker ended (a WorkerExit), or None while it has not been reaped; kept after close().
         """
     @property
     def worker_pids(self) -> list[int]:

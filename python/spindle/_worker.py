@@ -203,10 +203,17 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
 
 
 def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None],
-                      batch_size: int, drop_last: bool) -> int:
+                      batch_size: int, drop_last: bool,
+                      restart: Optional[Callable[[bytes], None]] = None) -> int:
     """Round-robin mode: each claimed item asks for this worker's next batch of
     `batch_size` samples from its own `iter(dataset)` (which may shard itself by
-    worker id); once the stream ends, every item is answered "exhausted"."""
+    worker id); once the stream ends, every item is answered "exhausted".
+
+    An item with ``new_stream`` set (the consumer called ``Loader.reset_streams``)
+    starts the stream again in this same process: ``restart(message)`` with the
+    consumer's start message, then a new ``iter(dataset)``. Seeds and whatever
+    `setup` (worker_init_fn) did are kept. If that fails, every item is answered
+    with the error until the next new stream."""
     streams: list[Iterator[Any]] = []
     if (failure := _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset))))) is not None:
         return _answer_failed_start(ctx, failure)
@@ -215,8 +222,22 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
     record = ctx.sample_record()
     position = 0  # samples this worker has read from its stream
     ended = False
+    broken: Optional[bytes] = None  # the packed error of a failed restart
     try:
         while (item := ctx.claim()) is not None:
+            if item.new_stream:
+                position, ended, broken = 0, False, None
+                try:
+                    if restart is not None:
+                        restart(item.message)
+                    stream = iter(dataset)
+                except Exception as exc:
+                    exc.add_note(f"Raised while spindle worker {worker_id} started its stream again "
+                                 "(a new epoch, or set_state).")
+                    broken = pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
+            if broken is not None:
+                ctx.fail(item, broken)
+                continue
             if ended:
                 ctx.exhausted(item)
                 continue

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 import re
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
@@ -98,7 +99,12 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._sequential_slice = sequential_slice
         self._states: Optional[list[Any]] = None  # each worker's iterator state after its last element
         self._next_in_cycle = 0
+        # The workers, kept from the first element until close(): set_state(),
+        # set_next_index() and repeat() epochs restart their slices in place
+        # (Loader.reset_streams) instead of forking new ones, as grain keeps its.
+        self._runtime: Optional[_core.Loader] = None
         self._it: Optional[_WorkerIterator] = None
+        self._restart = False  # the workers must start again from self._states before the next element
         # As grain's prefetch iterator: the options set upstream reach the
         # iterators after this one (they share this context), and options set
         # downstream are merged into it before the first element, then carried
@@ -106,8 +112,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._ctx.dataset_options = _grain_prefetch.get_dataset_options(ds)
 
     def __next__(self) -> Any:
-        if self._it is None:
-            self._it = self._start()
+        self.start_prefetch()
         try:
             worker, state, element = next(self._it)
         except WorkerDiedError as died:
@@ -122,9 +127,18 @@ class _PrefetchIterator(grain.DatasetIterator):
         return element
 
     def start_prefetch(self) -> None:
-        """Starts the workers now, so that elements are ready before the first ``next()``."""
+        """Starts the workers now (or restarts their slices after set_state), so that elements are
+        ready before the next ``next()``."""
+        if self._restart and self._runtime is not None and self._runtime.closed:
+            self.close()  # a failure closed the loader (a worker died): new workers start from the state
         if self._it is None:
             self._it = self._start()
+        elif self._restart:
+            # Each worker gets the state to continue from; batch 0 of the new
+            # cycle is asked of the worker that is next in it.
+            messages = [pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL) for state in self._states]
+            self._runtime.reset_streams(first_worker=self._next_in_cycle, messages=messages)
+        self._restart = False
 
     def _start(self) -> _WorkerIterator:
         n = self._n
@@ -135,7 +149,7 @@ class _PrefetchIterator(grain.DatasetIterator):
             self._states = [None] * n  # None: the worker starts its slice from the beginning
         # Arrays zero-copy, anything else pickled; slots grow to the largest element.
         body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=ArrayElements(), setup=setup, batch_size=1,
-                       drop_last=False)
+                       drop_last=False, restart=_WorkerSlice.restart)
         with forking():
             runtime = _core.Loader(
                 order=np.empty(0, np.int64), round_robin=True, first_worker=self._next_in_cycle,
@@ -145,13 +159,16 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # tied to the worker count the user chose (as before the ledger:
                 # ThreadBudgetError when short).
                 budget_policy="fail")
-        return _WorkerIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=True)
+        self._runtime = runtime
+        # This iterator owns the workers (close(), or when it is dropped): the
+        # end of the elements leaves them waiting for a set_state(), as grain's
+        # do under repeat().
+        return _WorkerIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False)
 
     @property
     def worker_pids(self) -> list[int]:
         """Pids of the workers (starts them if needed)."""
-        if self._it is None:
-            self._it = self._start()
+        self.start_prefetch()
         return self._it.worker_pids
 
     def get_state(self) -> dict[str, Any]:
@@ -174,9 +191,9 @@ class _PrefetchIterator(grain.DatasetIterator):
         if len(state["iterators_in_use_states"]) != self._n:
             raise ValueError(f"spindle.grain: the state is for {len(state['iterators_in_use_states'])} workers, "
                              f"this pipeline runs {self._n}")
-        self.close()
         self._states = [copy.deepcopy(s) for s in state["iterators_in_use_states"]]
         self._next_in_cycle = state["next_index_in_cycle"] % self._n
+        self._restart = self._it is not None
 
     def _get_next_index(self) -> int:
         """The index of the next element (one worker only, as in grain)."""
@@ -188,9 +205,9 @@ class _PrefetchIterator(grain.DatasetIterator):
         """Continues from element `index` (one worker only, as in grain); the worker restarts there."""
         self._need_one_worker("set_next_index")
         state = call_in_fork(partial(_state_at_index, self._ds, index, self._ctx.dataset_options))
-        self.close()
         self._states = [state]
         self._next_in_cycle = 0
+        self._restart = self._it is not None
 
     def _need_one_worker(self, what: str) -> None:
         if self._n != 1:
@@ -198,10 +215,16 @@ class _PrefetchIterator(grain.DatasetIterator):
                                       f"worker ({self._n}), as in grain.")
 
     def close(self) -> None:
-        """Stops the workers; the next element starts them again from the current state."""
-        if self._it is not None:
-            self._it.close()
-            self._it = None
+        """Stops the workers; the next element starts new ones from the current state."""
+        if self._runtime is not None:
+            self._runtime.close()
+        self._runtime = self._it = None
+        self._restart = False
+
+    def __del__(self) -> None:
+        runtime = self.__dict__.get("_runtime")
+        if runtime is not None:
+            runtime.close()
 
 
 class _WorkerSlice:
@@ -209,6 +232,14 @@ class _WorkerSlice:
 
     iterator: Any = None
     worker_id = 0
+    initial_state: Any = None  # of the slice before its first element
+
+    @staticmethod
+    def restart(message: bytes) -> None:
+        """A new stream (set_state, a repeat() epoch): the slice's iterator continues from the
+        state the consumer sent, or from its beginning."""
+        state = pickle.loads(message) if message else None
+        _WorkerSlice.iterator.set_state(copy.deepcopy(_WorkerSlice.initial_state) if state is None else state)
 
     def __iter__(self) -> Iterator[Any]:
         it, worker = _WorkerSlice.iterator, _WorkerSlice.worker_id
@@ -229,6 +260,7 @@ def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_s
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
     it = _worker_iterator(ds, num_workers, worker_id, sequential_slice, options)
+    _WorkerSlice.initial_state = it.get_state()
     if states is not None and states[worker_id] is not None:
         it.set_state(copy.deepcopy(states[worker_id]))
     _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id

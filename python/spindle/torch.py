@@ -35,8 +35,11 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import os
+import pickle
 import random
 import re
+import signal
+import time
 import warnings
 from functools import partial
 from typing import Any, Callable, Generic, Optional, TypeVar
@@ -286,9 +289,10 @@ class DataLoader(Generic[_T_co]):
         # seed (every worker shuffles alike, then shards), then the base seed;
         # a new iterator then draws one more shared seed its workers never see.
         # With persistent workers torch draws the base seed once, for the first
-        # epoch, and a shared seed per epoch. spindle restarts stream workers
-        # every epoch (each must call iter(dataset) again) but seeds them as
-        # torch's persistent ones.
+        # epoch, and a shared seed per epoch. Persistent stream workers stay
+        # (Loader.reset_streams): each calls iter(dataset) again, after a
+        # DataPipe is re-seeded with the epoch's shared seed, as torch's
+        # _ResumeIteration does.
         shared_seed = _draw(loader.generator) if isinstance(loader.dataset, IterDataPipe) else None
         if self.persistent_workers and self._stream_epochs > 0:
             base_seed = self._base_seed
@@ -297,6 +301,16 @@ class DataLoader(Generic[_T_co]):
             if shared_seed is not None:
                 _draw(loader.generator)
         self._stream_epochs += 1
+        stream_len = loader._IterableDataset_len_called
+        if self.persistent_workers and self._runtime is not None:
+            try:
+                self._runtime.reset_streams(messages=[pickle.dumps(shared_seed)] * self._runtime.plan.num_workers)
+                self._persistent_epoch += 1
+                return _TorchIterator(self._runtime, self._decoder(), owns=False, owner=self,
+                                      epoch=self._persistent_epoch, stream_len=stream_len, dataset=loader.dataset)
+            except Exception:
+                self._runtime.close()
+                self._runtime = None
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
@@ -304,11 +318,16 @@ class DataLoader(Generic[_T_co]):
         transport = CollatedBatches(self._collate(), n, self._zero_copy())
         runtime = self._runtime_for(
             run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
-                                    drop_last=loader.drop_last),
+                                    drop_last=loader.drop_last,
+                                    restart=partial(_reseed_stream, dataset=loader.dataset)),
             order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
-        return _TorchIterator(runtime, decode, owns=True, stream_len=loader._IterableDataset_len_called,
-                              dataset=loader.dataset)
+        if not self.persistent_workers:
+            return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset)
+        self._runtime = runtime
+        self._persistent_epoch += 1
+        return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
+                              stream_len=stream_len, dataset=loader.dataset)
 
     def close(self) -> None:
         """Stops persistent workers now."""
@@ -347,6 +366,12 @@ class _TorchIterator(_WorkerIterator):
         self._stream_len = stream_len
         self._dataset = dataset
         self._num_yielded = 0
+        self._pids = runtime.worker_pids
+
+    @property
+    def _workers(self) -> list["_WorkerProcess"]:
+        """The workers as torch's iterator lists them (``multiprocessing.Process``-like views)."""
+        return [_WorkerProcess(self._loader, w, pid) for w, pid in enumerate(self._pids)]
 
     def __next__(self) -> Any:
         try:
@@ -363,6 +388,61 @@ class _TorchIterator(_WorkerIterator):
                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
                 stacklevel=2)
         return data
+
+
+class _WorkerProcess:
+    """One worker, as an entry of torch's ``_workers`` (``multiprocessing.Process``-like:
+    ``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``, ``kill()``).
+
+    spindle's runtime reaps its workers (while ``next()`` waits, and at ``close()``) and
+    records how each ended: ``exitcode`` is that record (0, the exit status, or minus the
+    signal number, as multiprocessing reports it), ``None`` until the runtime has reaped
+    the worker. A worker that has exited but is not reaped yet is not alive."""
+
+    def __init__(self, runtime: _core.Loader, worker: int, pid: int) -> None:
+        self._runtime = runtime
+        self._worker = worker
+        self.pid = pid
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        exits = self._runtime.worker_exits
+        ended = exits[self._worker] if self._worker < len(exits) else None
+        if ended is None:
+            return None
+        return -ended.code if ended.signaled else ended.code
+
+    def is_alive(self) -> bool:
+        if self.exitcode is not None:
+            return False
+        try:  # not reaped yet, so the pid is still this worker's: running, or a zombie
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                return f.read().rpartition(b")")[2][1:2] not in (b"Z", b"X")
+        except OSError:
+            return False
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Waits until the worker is no longer alive, or `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.005)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        # Only a worker the runtime has not reaped: its pid cannot have passed to another process.
+        if self.exitcode is None and self.is_alive():
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"<spindle.torch worker {self._worker} pid={self.pid} exitcode={self.exitcode}>"
 
 
 def _torch_words(message: str) -> str:
@@ -395,6 +475,14 @@ def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
 def _draw(generator: Optional[torch.Generator]) -> int:
     """One 64-bit seed from `generator` (torch's global one if None), drawn as torch's iterator draws it."""
     return torch.empty((), dtype=torch.int64).random_(generator=generator).item()
+
+
+def _reseed_stream(message: bytes, *, dataset: Any) -> None:
+    """In a persistent stream worker, before a new epoch's iter(dataset): a DataPipe takes the
+    epoch's shared seed (torch's _ResumeIteration)."""
+    shared_seed = pickle.loads(message)
+    if shared_seed is not None:
+        apply_random_seed(dataset, torch.Generator().manual_seed(shared_seed))
 
 
 def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dataset: Any,

@@ -273,19 +273,63 @@ void Loader::reset(BatchPlan batches) {
                                     "cannot restart its workers' streams");
   if (!pool_ && !threads_) SPINDLE_THROW(std::logic_error, "spindle: reset() on a closed Loader");
   check_batches(batches);
-  // Batches of the old epoch still in flight finish (their slots are written
-  // by workers) and are discarded; the ring is then empty of work.
-  while (!inflight_.empty()) {
-    const auto s = wait_for_delivery({});
-    if (!s) SPINDLE_THROW(std::logic_error, "spindle: the Loader was closed during reset()");
-    ring_->ring.set_state(*s, SlotState::kFree);
-  }
+  drain_inflight();
   batches_ = std::move(batches);
   next_post_ = 0;
   delivered_ = 0;
   const std::size_t room = ring_->ring.geometry().num_slots - 2;
   const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, batches_.size(), room})));
+  post_more();
+}
+
+void Loader::drain_inflight() {
+  // Items no worker has claimed yet are taken back from the queues (the
+  // consumer claims them itself: the queues allow any number of claimers);
+  // those being filled finish, since their slots are written by workers. All
+  // are discarded, and the ring is then empty of work.
+  const BatchRing& r = ring_->ring;
+  for (uint32_t q = 0; q < r.num_queues(); ++q)
+    while (auto s = r.queue(q).try_claim()) {
+      r.set_state(*s, SlotState::kFree);  // kPosted -> kFree: the consumer won the claim, the slot is its own
+      if (auto it = std::find(inflight_.begin(), inflight_.end(), *s); it != inflight_.end()) inflight_.erase(it);
+    }
+  while (!inflight_.empty()) {
+    const auto s = wait_for_delivery({});
+    if (!s) SPINDLE_THROW(std::logic_error, "spindle: the Loader was closed during reset()");
+    r.set_state(*s, SlotState::kFree);
+  }
+}
+
+void Loader::reset_streams(int first_worker, std::vector<std::string> messages) {
+  std::lock_guard op(op_mu_);
+  if (closed() && broken_.empty()) SPINDLE_THROW(std::logic_error, "spindle: reset_streams() on a closed Loader");
+  rethrow_if_broken();
+  if (!options_.round_robin)
+    SPINDLE_THROW(std::logic_error, "spindle: reset_streams() needs a round-robin (stream) loader; a loader of "
+                                    "planned batches starts a new epoch with reset(batches)");
+  if (!pool_ && !threads_) SPINDLE_THROW(std::logic_error, "spindle: reset_streams() on a closed Loader");
+  const auto nw = static_cast<std::size_t>(options_.num_workers);
+  if (first_worker < 0 || static_cast<std::size_t>(first_worker) >= nw)
+    SPINDLE_THROW(std::invalid_argument, "spindle: reset_streams(first_worker=" + std::to_string(first_worker) +
+                                             ") must name one of the " + std::to_string(nw) + " workers");
+  if (!messages.empty() && messages.size() != nw)
+    SPINDLE_THROW(std::invalid_argument, "spindle: reset_streams() got " + std::to_string(messages.size()) +
+                                             " start messages for " + std::to_string(nw) + " workers");
+  const uint64_t window = ring_->ring.header().slot_stride;
+  for (std::size_t w = 0; w < messages.size(); ++w)
+    if (messages[w].size() > window || messages[w].size() > UINT32_MAX)
+      SPINDLE_THROW(std::invalid_argument, "spindle: the start message for worker " + std::to_string(w) + " has " +
+                                               std::to_string(messages[w].size()) + " bytes, more than a slot holds (" +
+                                               std::to_string(window) + "); raise max_batch_bytes");
+  drain_inflight();
+  messages.resize(nw);
+  messages_ = std::move(messages);
+  restart_.assign(nw, true);
+  active_.assign(nw, true);
+  next_worker_ = static_cast<uint32_t>(first_worker);
+  next_post_ = 0;
+  delivered_ = 0;
   post_more();
 }
 
@@ -298,7 +342,10 @@ void Loader::rethrow_if_broken() const {
 void Loader::start() {
   {
     std::lock_guard lock(pids_mu_);
-    if (pool_) pids_ = pool_->pids();
+    if (pool_) {
+      pids_ = pool_->pids();
+      exits_ = pool_->exits();
+    }
   }
   last_check_ = std::chrono::steady_clock::now();
   post_more();
@@ -311,6 +358,11 @@ uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_
 std::vector<pid_t> Loader::worker_pids() const {
   std::lock_guard lock(pids_mu_);
   return pids_;
+}
+
+std::vector<std::optional<WorkerExit>> Loader::worker_exits() const {
+  std::lock_guard lock(pids_mu_);
+  return exits_;
 }
 
 void Loader::close(std::chrono::milliseconds grace) noexcept {
@@ -328,7 +380,11 @@ void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
     return;
   }
   for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
-  if (pool_) pool_->shutdown(grace);
+  if (pool_) {
+    pool_->shutdown(grace);
+    std::lock_guard lock(pids_mu_);
+    exits_ = pool_->exits();
+  }
   pool_.reset();
   threads_.reset();  // waits for the batches being filled: threads cannot be killed
   ledger_lease_.reset();  // the workers are reaped: their tasks are gone
@@ -348,11 +404,29 @@ void Loader::post_more() {
       if (s == n) return;
       while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
       SlotHeader& h = r.slot(s);
+      h.flags = 0;
+      h.message_bytes = 0;
+      if (!restart_.empty() && restart_[next_worker_]) {
+        // The first item of this worker's new stream carries its start message.
+        const std::string& m = messages_[next_worker_];
+        if (m.size() > h.reserved) {
+          const uint64_t want = std::min<uint64_t>(
+              r.header().slot_stride, (m.size() + BatchRing::kPayloadAlign - 1) / BatchRing::kPayloadAlign *
+                                          BatchRing::kPayloadAlign);
+          ring_->segment.reserve(static_cast<std::size_t>(r.payload(s) - ring_->segment.data()),
+                                 static_cast<std::size_t>(want),
+                                 "the start message of worker " + std::to_string(next_worker_));
+          h.reserved = want;
+        }
+        std::memcpy(r.payload(s), m.data(), m.size());
+        h.message_bytes = static_cast<uint32_t>(m.size());
+        h.flags = kSlotNewStream;
+        restart_[next_worker_] = false;
+      }
       h.batch_id = static_cast<int64_t>(next_post_++);
       h.count = options_.batch_capacity;
       h.worker = -1;
       h.error_bytes = 0;
-      h.flags = 0;
       write_raw_descriptor(r.descriptor(s));
       r.set_state(s, SlotState::kPosted);
       r.queue(1 + next_worker_).post(s);
@@ -371,6 +445,7 @@ void Loader::post_more() {
     h.worker = -1;
     h.error_bytes = 0;
     h.flags = 0;
+    h.message_bytes = 0;
     write_raw_descriptor(r.descriptor(s));
     std::copy(idx.begin(), idx.end(), r.indices(s));
     r.set_state(s, SlotState::kPosted);
@@ -413,6 +488,10 @@ void Loader::check_workers() {
   if (!pool_) return;  // threads do not exit on their own
   auto e = pool_->poll_exit();
   if (!e) return;
+  {
+    std::lock_guard lock(pids_mu_);
+    exits_ = pool_->exits();
+  }
   const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
   const int64_t batch = rec.batch_id.load();
   std::string doing = "while idle";

@@ -299,6 +299,11 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
     std::optional<WdsShardReader> reader;
     bool ended = false;
     while (auto item = ctx.claim()) {
+      if (item->new_stream) {  // Loader::reset_streams: this worker's shards again, from the first
+        next_shard = 0;
+        reader.reset();
+        ended = false;
+      }
       if (ended) {
         ctx.exhausted(*item);
         continue;

@@ -96,7 +96,12 @@ std::optional<WorkItem> WorkerContext::claim() {
       rec.sample_index.store(-1, std::memory_order_relaxed);
       rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
       ring_.set_state(*s, SlotState::kFilling);
-      return WorkItem{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s)};
+      WorkItem item{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s), false, {}};
+      if (h.flags & kSlotNewStream) {
+        item.new_stream = true;
+        item.message = {ring_.payload(*s), std::min<std::size_t>(h.message_bytes, item.out.size())};
+      }
+      return item;
     }
     if (getppid() != parent_) return std::nullopt;  // orphaned: the consumer is gone
     q.wait(std::chrono::milliseconds(100));

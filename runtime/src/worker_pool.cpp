@@ -118,6 +118,7 @@ WorkerPool::WorkerPool(int n, Zygote& zygote, const std::string& main, int segme
       pids_.push_back(zygote.spawn(zygote_pool_, main, w, segment_fd));
       pidfds_.push_back(-1);  // not our child: the zygote reaps and kills it
       reaped_.push_back(false);
+      exits_.emplace_back();
     } catch (...) {
       shutdown(std::chrono::milliseconds(0));
       release_handles();
@@ -180,6 +181,7 @@ WorkerPool::~WorkerPool() {
 void WorkerPool::add_child(pid_t pid) {
   pids_.push_back(pid);
   reaped_.push_back(false);
+  exits_.emplace_back();
   pidfds_.push_back(open_pidfd(pid));
 }
 
@@ -225,22 +227,27 @@ std::optional<int> WorkerPool::try_reap(std::size_t w) {
   return std::nullopt;
 }
 
+void WorkerPool::record_exit(std::size_t w, int status) noexcept {
+  reaped_[w] = true;
+  WorkerExit e;
+  e.worker_id = static_cast<int>(w);
+  e.pid = pids_[w];
+  if (status >= 0 && WIFSIGNALED(status)) {
+    e.signaled = true;
+    e.code = WTERMSIG(status);
+  } else {
+    e.code = status >= 0 ? WEXITSTATUS(status) : -1;
+  }
+  exits_[w] = e;
+}
+
 std::optional<WorkerExit> WorkerPool::poll_exit() {
   for (std::size_t w = 0; w < pids_.size(); ++w) {
     if (reaped_[w]) continue;
     auto status = try_reap(w);
     if (!status) continue;
-    reaped_[w] = true;
-    WorkerExit e;
-    e.worker_id = static_cast<int>(w);
-    e.pid = pids_[w];
-    if (*status >= 0 && WIFSIGNALED(*status)) {
-      e.signaled = true;
-      e.code = WTERMSIG(*status);
-    } else {
-      e.code = *status >= 0 ? WEXITSTATUS(*status) : -1;
-    }
-    return e;
+    record_exit(w, *status);
+    return exits_[w];
   }
   return std::nullopt;
 }
@@ -251,7 +258,7 @@ void WorkerPool::shutdown(std::chrono::milliseconds grace) noexcept {
       bool all = true;
       for (std::size_t w = 0; w < pids_.size(); ++w) {
         if (reaped_[w]) continue;
-        if (try_reap(w)) reaped_[w] = true;
+        if (auto status = try_reap(w)) record_exit(w, *status);
         else all = false;
       }
       if (all || std::chrono::steady_clock::now() >= deadline) return all;
@@ -279,18 +286,20 @@ void WorkerPool::shutdown(std::chrono::milliseconds grace) noexcept {
       // kernel answers ESRCH/ECHILD and nobody else is signaled.
       if (pidfd_kill(fd) == 0 || errno == ESRCH) {
         siginfo_t info{};
-        while (waitid(P_PIDFD, static_cast<id_t>(fd), &info, WEXITED) < 0 && errno == EINTR) {
+        int r = 0;
+        while ((r = waitid(P_PIDFD, static_cast<id_t>(fd), &info, WEXITED)) < 0 && errno == EINTR) {
         }
-        reaped_[w] = true;
+        record_exit(w, r == 0 ? wait_status(info) : -1);
         continue;
       }
       // ENOSYS/EPERM (no pidfd_send_signal) or EINVAL: the pid below. The
       // worker is unreaped (try_reap just said so), so its pid is still its own.
     }
     kill(pids_[w], SIGKILL);
-    while (waitpid(pids_[w], &status, 0) < 0 && errno == EINTR) {
+    pid_t r = 0;
+    while ((r = waitpid(pids_[w], &status, 0)) < 0 && errno == EINTR) {
     }
-    reaped_[w] = true;
+    record_exit(w, r == pids_[w] ? status : -1);
   }
 }
 

@@ -1,12 +1,20 @@
 // Round-robin (stream) mode: each worker produces its own stream of batches.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include <spindle/error.hpp>
 #include <spindle/loader.hpp>
+
+#include "test_support.hpp"
 
 namespace {
 
@@ -59,10 +67,174 @@ TEST(RoundRobin, BatchesAlternateOverLiveWorkersUntilEveryStreamEnds) {
   }
 }
 
-// Proves: a stream loader cannot be reset (its workers' streams cannot restart).
-TEST(RoundRobin, ResetIsRefused) {
-  spindle::Loader loader(options(2, 1), spindle::BatchPlan{}, stream_worker);
-  EXPECT_THROW(loader.reset(spindle::BatchPlan{}), std::logic_error);
+// Proves: a stream loader takes no planned epoch (reset), and a loader of
+// planned batches has no streams to restart (reset_streams).
+TEST(RoundRobin, EachKindOfResetIsRefusedByTheOtherKindOfLoader) {
+  spindle::Loader streams(options(2, 1), spindle::BatchPlan{}, stream_worker);
+  EXPECT_THROW(streams.reset(spindle::BatchPlan{}), std::logic_error);
+  spindle::LoaderOptions o = options(2, 1);
+  o.round_robin = false;
+  spindle::Loader planned(o, std::vector<std::vector<int64_t>>{{0}, {1}}, stream_worker);
+  EXPECT_THROW(planned.reset_streams(), std::logic_error);
+}
+
+// A restartable stream: worker w yields `length` batches of one sample each,
+// w*1000 + start + b (start: the number in its start message, 0 without one),
+// and counts in sample 1 how many streams this process has started.
+int restartable_worker(spindle::WorkerContext& ctx) {
+  const int w = ctx.worker_id();
+  int produced = 0, start = 0, streams = 1, length = 3;
+  while (auto item = ctx.claim()) {
+    if (item->new_stream) {
+      produced = 0;
+      start = 0;
+      ++streams;
+      const std::string message(reinterpret_cast<const char*>(item->message.data()), item->message.size());
+      if (!message.empty()) {
+        start = std::stoi(message);
+        length = 3 + static_cast<int>(message.size() / 100000);  // a long message: one more batch
+      }
+    }
+    if (produced == length) {
+      ctx.exhausted(*item);
+      continue;
+    }
+    auto* out = reinterpret_cast<int32_t*>(ctx.reserve(*item, 2 * sizeof(int32_t)).data());
+    out[0] = w * 1000 + start + produced++;
+    out[1] = streams;
+    ctx.commit(*item, 1);
+  }
+  return 0;
+}
+
+struct Drawn {
+  std::vector<int32_t> values;
+  std::vector<int32_t> streams;
+};
+
+Drawn drain(spindle::Loader& loader, std::size_t most = SIZE_MAX) {
+  Drawn d;
+  while (d.values.size() < most) {
+    auto b = loader.next();
+    if (!b) break;
+    const auto* v = reinterpret_cast<const int32_t*>(b->data().data());
+    d.values.push_back(v[0]);
+    d.streams.push_back(v[1]);
+  }
+  return d;
+}
+
+spindle::LoaderOptions restart_options(int workers, int prefetch) {
+  spindle::LoaderOptions o = options(workers, prefetch);
+  o.batch_capacity = 1;
+  o.slot_bytes = 0;
+  return o;
+}
+
+// Proves: reset_streams starts every worker's stream again on the same
+// processes (nothing is forked, a worker's own state carries over: it counts
+// its streams), epoch after epoch, after a full epoch or in the middle of one
+// (the old epoch's batches are discarded), with batch 0 asked of first_worker.
+TEST(RoundRobin, ResetStreamsRestartsEveryStreamOnTheSameWorkers) {
+  for (int prefetch : {1, 3}) {
+    spindle::Loader loader(restart_options(2, prefetch), spindle::BatchPlan{}, restartable_worker);
+    const auto pids = loader.worker_pids();
+    const std::vector<int32_t> epoch{0, 1000, 1, 1001, 2, 1002};
+    Drawn first = drain(loader);
+    EXPECT_EQ(first.values, epoch) << "prefetch " << prefetch;
+    EXPECT_EQ(first.streams, std::vector<int32_t>(6, 1));
+    loader.reset_streams();
+    Drawn second = drain(loader);
+    EXPECT_EQ(second.values, epoch);
+    EXPECT_EQ(second.streams, std::vector<int32_t>(6, 2));
+    loader.reset_streams();
+    Drawn partial = drain(loader, 3);  // stop in the middle, with more in flight
+    EXPECT_EQ(partial.values, (std::vector<int32_t>{0, 1000, 1}));
+    loader.reset_streams(/*first_worker=*/1);
+    Drawn resumed = drain(loader);
+    EXPECT_EQ(resumed.values, (std::vector<int32_t>{1000, 0, 1001, 1, 1002, 2}));
+    EXPECT_EQ(resumed.streams, std::vector<int32_t>(6, 4));
+    EXPECT_EQ(loader.worker_pids(), pids) << "the same processes throughout";
+    EXPECT_EQ(loader.copied_out(), 0);
+  }
+}
+
+// Proves: each worker's start message reaches that worker with its first item
+// of the new stream, also a message larger than the slot's first 64 KiB (the
+// consumer grows the slot first); bad arguments are refused before anything
+// changes, and the loader goes on.
+TEST(RoundRobin, ResetStreamsHandsEachWorkerItsStartMessage) {
+  spindle::LoaderOptions o = restart_options(2, 2);
+  o.max_batch_bytes = 1 << 20;
+  spindle::Loader loader(o, spindle::BatchPlan{}, restartable_worker);
+  drain(loader, 1);
+  std::string big = "20";
+  big.resize(150000, ' ');  // stoi stops at the first space; 150 kB: one more batch
+  loader.reset_streams(0, {"10", big});
+  Drawn d = drain(loader);
+  EXPECT_EQ(d.values, (std::vector<int32_t>{10, 1020, 11, 1021, 12, 1022, 1023}));
+  EXPECT_THROW(loader.reset_streams(2), std::invalid_argument);
+  EXPECT_THROW(loader.reset_streams(0, {"1"}), std::invalid_argument);
+  EXPECT_THROW(loader.reset_streams(0, {std::string((1 << 20) + 1, 'x'), "1"}), std::invalid_argument);
+  loader.reset_streams(0, {"", "5"});
+  EXPECT_EQ(drain(loader).values, (std::vector<int32_t>{0, 1005, 1, 1006, 2, 1007}));
+  loader.close();
+  EXPECT_THROW(loader.reset_streams(), std::logic_error);
+}
+
+// Proves: a restart takes back the items no worker has claimed instead of
+// having them produced and thrown away: with one slow worker and 4 items in
+// flight, only the item being filled is finished before the new stream.
+TEST(RoundRobin, ResetStreamsTakesBackUnclaimedItems) {
+  spindle::testing::SharedMapping produced(sizeof(std::atomic<int32_t>));
+  auto* count = new (produced.data()) std::atomic<int32_t>(0);
+  auto slow = [count](spindle::WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      if (!item->new_stream) usleep(100000);  // the old epoch is slow
+      count->fetch_add(1);
+      auto* out = reinterpret_cast<int32_t*>(ctx.reserve(*item, sizeof(int32_t)).data());
+      *out = item->new_stream ? -1 : 0;
+      ctx.commit(*item, 1);
+    }
+    return 0;
+  };
+  spindle::Loader loader(restart_options(1, 4), spindle::BatchPlan{}, slow);
+  ASSERT_TRUE(loader.next());
+  loader.reset_streams();
+  const int32_t before = count->load();
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*reinterpret_cast<const int32_t*>(b->data().data()), -1) << "the new stream's first item";
+  EXPECT_LE(before, 3) << "items of the old epoch were produced after the restart was asked";
+  loader.close();
+}
+
+// Proves: the loader records how each worker ended: nothing while they run, an
+// exit code of 0 for workers that stopped at close(), the signal for one that
+// was killed; the record outlives close().
+TEST(RoundRobin, WorkerExitsAreRecordedWhenWorkersAreReaped) {
+  spindle::Loader loader(restart_options(2, 1), spindle::BatchPlan{}, restartable_worker);
+  drain(loader, 1);
+  const auto running = loader.worker_exits();
+  ASSERT_EQ(running.size(), 2u);
+  EXPECT_FALSE(running[0] || running[1]);
+  loader.close();
+  const auto done = loader.worker_exits();
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& e : done) {
+    ASSERT_TRUE(e);
+    EXPECT_FALSE(e->signaled);
+    EXPECT_EQ(e->code, 0);
+  }
+  spindle::Loader killed(restart_options(2, 1), spindle::BatchPlan{}, restartable_worker);
+  const pid_t victim = killed.worker_pids()[1];
+  kill(victim, SIGKILL);
+  EXPECT_THROW(drain(killed), spindle::WorkerDiedError);
+  const auto after = killed.worker_exits();
+  ASSERT_TRUE(after[1]);
+  EXPECT_TRUE(after[1]->signaled);
+  EXPECT_EQ(after[1]->code, SIGKILL);
+  EXPECT_EQ(after[1]->pid, victim);
 }
 
 // Proves: with assign_in_turn, planned batch k is produced by worker k mod N
@@ -90,6 +262,28 @@ TEST(RoundRobin, AssignInTurnSendsBatchKToWorkerKModN) {
     ++k;
   }
   EXPECT_EQ(k, 20);
+}
+
+// Proves: worker_exits() and worker_pids() may be read from another thread
+// (a watchdog, a Process-like view) while the iterating thread delivers,
+// restarts streams and closes the loader (run under ThreadSanitizer).
+TEST(RoundRobinConcurrency, WorkerExitsAreReadableFromAnotherThreadWhileTheLoaderRunsAndCloses) {
+  spindle::Loader loader(restart_options(2, 2), spindle::BatchPlan{}, restartable_worker);
+  std::atomic<bool> stop{false};
+  std::size_t reads = 0;
+  std::thread reader([&] {
+    while (!stop.load()) reads += loader.worker_exits().size() + loader.worker_pids().size();
+  });
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_EQ(drain(loader).values.size(), 6u);
+    loader.reset_streams();
+  }
+  loader.close();
+  const auto exits = loader.worker_exits();
+  stop = true;
+  reader.join();
+  EXPECT_GT(reads, 0u);
+  for (const auto& e : exits) EXPECT_TRUE(e && !e->signaled && e->code == 0);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 """spindle.grain against grain, run side by side on the same pipelines."""
 
+import gc
+import os
 import subprocess
 import sys
 
@@ -209,3 +211,96 @@ def test_batches_of_arrays_arrive_zero_copy_and_other_elements_pickled():
                                           shuffle=False, num_epochs=1, seed=0)
     out = list(sg.DataLoader(data_source=scalars, sampler=sampler, worker_count=2))
     assert [type(e["n"]) for e in out] == [int] * 6 and [e["n"] for e in out] == list(range(6))
+
+
+def _record_init(path, worker_id, num_workers):
+    with open(path, "a") as f:
+        f.write(f"{worker_id} {os.getpid()}\n")
+
+
+def test_set_state_restarts_the_workers_in_place():
+    """set_state() and set_next_index() after mp_prefetch keep the workers (grain keeps its own):
+    the same processes, worker_init_fn once per worker, and the elements that follow the restored
+    state are those first read after it."""
+    import tempfile
+    from functools import partial
+    with tempfile.NamedTemporaryFile("r") as inits:
+        ds = grain.MapDataset.range(30).to_iter_dataset().map(lambda x: (x, os.getpid()))
+        it = iter(sgrain.mp_prefetch(ds, options(2, buffer=2), worker_init_fn=partial(_record_init, inits.name)))
+        first = [next(it) for _ in range(5)]
+        pids = set(it.worker_pids)
+        assert {p for _, p in first} == pids and len(pids) == 2
+        state = it.get_state()
+        after = [next(it) for _ in range(7)]
+        it.set_state(state)
+        again = [next(it) for _ in range(7)]
+        assert again == after
+        assert [x for x, _ in first + after + list(it)] == list(range(30))
+        it.set_state(state)  # again, after the end of the elements
+        assert next(it)[0] == 5
+        it.close()
+        assert len(inits.read().splitlines()) == 2
+        one = iter(sgrain.mp_prefetch(grain.MapDataset.range(10).to_iter_dataset(), options(1)))
+        assert next(one) == 0
+        pid = one.worker_pids
+        grain.experimental.set_next_index(one, 6)
+        assert [next(one), next(one)] == [6, 7] and one.worker_pids == pid
+
+
+def test_repeat_after_mp_prefetch_keeps_the_workers_across_epochs():
+    """repeat() over mp_prefetch: every epoch's elements are grain's, read by the same processes
+    (worker_init_fn ran once per worker), and the workers end with the iterator."""
+    import tempfile
+    import time
+    from functools import partial
+    from grain._src.python.dataset.transformations import repeat
+    with tempfile.NamedTemporaryFile("r") as inits:
+        ds = grain.MapDataset.range(20).to_iter_dataset().map(lambda x: (x, os.getpid()))
+        ds = sgrain.mp_prefetch(ds, options(3), worker_init_fn=partial(_record_init, inits.name))
+        it = iter(repeat.RepeatIterDataset(ds, num_epochs=3))
+        got = list(it)
+        assert [x for x, _ in got] == list(range(20)) * 3
+        assert len({p for _, p in got}) == 3
+        assert len(inits.read().splitlines()) == 3
+        del it
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{p}") for _, p in got) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(os.path.exists(f"/proc/{p}") for _, p in got)
+
+
+def test_a_state_a_worker_cannot_restore_raises_at_next_naming_the_worker():
+    """set_state() with a state worker 1's iterator rejects: next() raises that worker's exception
+    (its type, a note naming the worker), each time that worker's turn comes, until a good state."""
+    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(10).to_iter_dataset(), options(2)))
+    assert [next(it), next(it)] == [0, 1]
+    good = it.get_state()
+    bad = it.get_state()
+    bad["iterators_in_use_states"][1] = {"bogus": 1}
+    it.set_state(bad)
+    assert next(it) == 2
+    for _ in range(2):
+        with pytest.raises(KeyError) as raised:
+            next(it)
+        assert any("spindle worker 1 started its stream again" in n for n in raised.value.__notes__)
+        assert next(it) in (4, 6)
+    it.set_state(good)
+    assert list(it) == list(range(2, 10))
+
+
+def test_set_state_after_a_worker_died_starts_new_workers_from_the_state():
+    """A worker killed mid-iteration raises (grain's RuntimeError family); set_state() then starts new
+    workers from the state, and the elements after it are the ones that follow the state."""
+    import signal
+    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(20).to_iter_dataset(), options(2)))
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+    state = it.get_state()
+    old = it.worker_pids
+    os.kill(old[1], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="killed by signal 9"):
+        for _ in range(20):
+            next(it)
+    it.set_state(state)
+    assert list(it) == list(range(4, 20))
+    assert not set(it.worker_pids) & set(old)

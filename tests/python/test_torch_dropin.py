@@ -555,3 +555,77 @@ def test_nested_tensors_get_torchs_collate_error_and_work_with_a_custom_collate(
         got = list(DataLoader(data, batch_size=1, num_workers=2, collate_fn=lambda b: [x.clone() for x in b]))
     for i, batch in enumerate(got):
         assert torch.equal(batch[0].to_padded_tensor(0.0), data[i].to_padded_tensor(0.0))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_iterators_workers_report_how_they_ended_like_processes(persistent):
+    """The iterator's _workers (what torch's test_partial_workers reads) are Process-like: alive while
+    loading, and once the iterator is dropped not alive with exitcode 0 (recorded by the runtime when
+    it reaped them); a worker killed by a signal reports minus the signal number."""
+    import os
+    import signal
+    it = iter(DataLoader(Mixed(), batch_size=2, num_workers=3, persistent_workers=persistent))
+    workers = it._workers
+    assert [w.pid for w in workers] == it.worker_pids
+    next(it)
+    assert all(w.is_alive() and w.exitcode is None for w in workers)
+    del it
+    gc.collect()
+    for w in workers:
+        w.join(30)
+        assert not w.is_alive() and w.exitcode == 0
+        w.terminate()  # a worker already reaped: nothing to signal
+    it = iter(DataLoader(Mixed(), batch_size=2, num_workers=2))
+    victim = it._workers[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="is killed by signal: Killed"):
+        list(it)
+    assert victim.exitcode == -signal.SIGKILL and not victim.is_alive()
+    assert it._workers[0].exitcode == 0
+
+
+class CountsItsEpochs(torch.utils.data.IterableDataset):
+    """Each worker yields its share of 0..11 tagged with how many epochs this process's copy of the
+    dataset has iterated: state kept inside the worker."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        self.epochs += 1
+        for i in range(info.id, 12, info.num_workers):
+            yield torch.tensor([info.id, self.epochs, i])
+
+
+def _note_init(path, worker_id):
+    import os
+    with open(path, "a") as f:
+        f.write(f"{worker_id} {os.getpid()}\n")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_persistent_stream_workers_keep_their_process_and_state_across_epochs(persistent, tmp_path):
+    """An IterableDataset with persistent_workers=True: each epoch calls iter(dataset) again in the same
+    worker processes (worker_init_fn once per worker, state kept in the worker carries over), so three
+    epochs give torch's batches; without persistent workers every epoch starts afresh, as in torch."""
+    from functools import partial
+    ours_log, theirs_log = tmp_path / "ours", tmp_path / "theirs"
+
+    def epochs(cls, log):
+        loader = cls(CountsItsEpochs(), batch_size=2, num_workers=2, persistent_workers=persistent,
+                     worker_init_fn=partial(_note_init, str(log)))
+        out, pids = [], []
+        for _ in range(3):
+            it = iter(loader)
+            out.append([b.tolist() for b in it])
+            pids.append(getattr(it, "worker_pids", None))
+        return out, pids
+
+    ours, pids = epochs(DataLoader, ours_log)
+    theirs, _ = epochs(TorchLoader, theirs_log)
+    assert ours == theirs
+    assert [row[1] for epoch in ours for batch in epoch for row in batch][-1] == (3 if persistent else 1)
+    assert len(ours_log.read_text().splitlines()) == len(theirs_log.read_text().splitlines())
+    if persistent:
+        assert pids[0] == pids[1] == pids[2]

@@ -32,6 +32,11 @@
 //   kFilling --worker commit--> kReady    kFilling --worker fail--> kFailed
 //   kReady --consumer delivers--> kLeased --last lease dropped--> kFree
 //   kFailed --consumer raises the error--> kFree
+//   kPosted --consumer takes the item back (Loader::reset*)--> kFree
+//
+// Taking an item back: the consumer claims it from the queue itself (the
+// queues allow any number of claimers); winning that CAS makes the slot its
+// own exactly as a worker's win would, so no worker ever sees it.
 //
 // A slot is written only by the worker that claimed it, and is handed to a
 // new batch only from kFree, i.e. after the consumer released it: a batch the
@@ -65,10 +70,15 @@ struct alignas(kCacheLine) SlotHeader {
   int64_t batch_id = -1;           // written by the consumer before posting
   uint32_t count = 0;              // samples in the batch; consumer before posting, worker may lower it
   uint32_t error_bytes = 0;        // worker, before kFailed
-  uint32_t flags = 0;              // worker, before kReady: kSlotExhausted
-  // Payload bytes backed by memory; only grows. Written by create() and then
-  // by the worker holding the slot in kFilling (one writer at a time; the
-  // state transitions order it for the next holder and the consumer).
+  // Consumer before posting: kSlotNewStream; the worker before kReady: kSlotExhausted.
+  uint32_t flags = 0;
+  // Consumer before posting, with kSlotNewStream: bytes of its start message
+  // at the head of the payload (read by the worker before it writes there).
+  uint32_t message_bytes = 0;
+  // Payload bytes backed by memory; only grows. Written by create(), by the
+  // consumer in kFree (room for a start message) and by the worker holding
+  // the slot in kFilling (one writer at a time; the state transitions order
+  // it for the next holder and the consumer).
   uint64_t reserved = 0;
 };
 static_assert(sizeof(SlotHeader) == kCacheLine, "one slot header per cache line");
@@ -77,6 +87,10 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot states are share
 // SlotHeader::flags: the worker's data stream ended; the slot holds no batch
 // (round-robin mode, one stream per worker, e.g. a torch IterableDataset).
 inline constexpr uint32_t kSlotExhausted = 1;
+// SlotHeader::flags: the first item a worker gets after Loader::reset_streams:
+// its stream starts again (from the `message_bytes` start message at the head
+// of the payload, if any) before it produces this batch (round-robin mode).
+inline constexpr uint32_t kSlotNewStream = 2;
 
 // Written by its worker only; read by the consumer to explain a crash or a
 // timeout. Separate lines: each worker updates its own per sample.

@@ -156,9 +156,20 @@ class Loader {
   // loader intact. Calls from several threads are serialized.
   std::optional<Batch> next(const std::function<void()>& poll = {});
   // Starts a new epoch of `batches` on the same ring and workers (persistent
-  // workers). Batches of the previous epoch still in flight are waited for
-  // and discarded. Throws like next() if the loader failed.
+  // workers). Batches of the previous epoch not yet claimed by a worker are
+  // taken back, those being filled are waited for; both are discarded.
+  // Throws like next() if the loader failed.
   void reset(BatchPlan batches);
+  // Round-robin loaders: starts a new epoch of every worker's stream on the
+  // same workers (nothing is forked). Items of the old epoch not yet claimed
+  // are taken back, those being filled are waited for; both are discarded.
+  // Then every stream counts as open again, batch 0 is asked of
+  // `first_worker`, and the first item each worker claims carries
+  // WorkItem::new_stream with `messages[w]` (none if `messages` is empty): the
+  // worker main starts its stream again before producing it. Throws like
+  // next() if the loader failed; std::invalid_argument for a bad worker or
+  // message count, or a message larger than max_batch_bytes.
+  void reset_streams(int first_worker = 0, std::vector<std::string> messages = {});
   // Stops and reaps the workers: idle ones exit at once, busy ones get
   // `grace` to finish their batch before SIGKILL. Delivered batches stay
   // valid. Idempotent and safe from any thread: a next() waiting elsewhere
@@ -173,6 +184,9 @@ class Loader {
   // with the numbers, for the caller to show once.
   const std::string& budget_note() const noexcept { return budget_note_; }
   std::vector<pid_t> worker_pids() const;
+  // How each worker ended, once the loader has reaped it (while supervising,
+  // or at close()); nullopt for a worker not reaped yet. Kept after close().
+  std::vector<std::optional<WorkerExit>> worker_exits() const;
   std::size_t num_batches() const noexcept { return batches_.size(); }
   uint32_t batch_capacity() const noexcept { return options_.batch_capacity; }
   uint32_t num_slots() const noexcept;
@@ -184,6 +198,7 @@ class Loader {
   void rethrow_if_broken() const;
   void start();
   void post_more();
+  void drain_inflight();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
   void check_workers();
@@ -206,6 +221,8 @@ class Loader {
   std::unique_ptr<ArenaJobs> threads_;    // worker threads (ArenaThreads)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
+  std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream
+  std::vector<std::string> messages_;  // round-robin: each worker's start message for its new stream
   uint32_t next_worker_ = 0;        // round-robin: who gets the next batch
   std::size_t next_post_ = 0;
   std::size_t delivered_ = 0;
@@ -219,8 +236,9 @@ class Loader {
   // stops the workers, so nothing tears down the pool under a waiting next().
   std::atomic<bool> closing_{false};
   std::mutex op_mu_;
-  mutable std::mutex pids_mu_;  // guards pids_ (read by other threads, e.g. a watchdog)
+  mutable std::mutex pids_mu_;  // guards pids_ and exits_ (read by other threads, e.g. a watchdog)
   std::vector<pid_t> pids_;
+  std::vector<std::optional<WorkerExit>> exits_;
 };
 
 }  // namespace spindle

@@ -21,6 +21,12 @@ struct WorkItem {
   int64_t batch_id = 0;
   std::span<const int64_t> indices;  // the samples to produce, in order
   std::span<std::byte> out;          // the slot's payload reserved now (raw bytes; see reserve())
+  // Round-robin: the first item of a new epoch of this worker's stream
+  // (Loader::reset_streams). The worker starts its stream again, from
+  // `message` if it is not empty, before producing this batch. `message`
+  // views the head of the payload: read it before writing the batch there.
+  bool new_stream = false;
+  std::span<const std::byte> message;
 };
 
 class WorkerContext {

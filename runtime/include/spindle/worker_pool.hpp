@@ -83,11 +83,15 @@ class WorkerPool {
   void shutdown(std::chrono::milliseconds grace) noexcept;
 
   const std::vector<pid_t>& pids() const noexcept { return pids_; }
+  // How each worker ended; nullopt while it has not been reaped.
+  const std::vector<std::optional<WorkerExit>>& exits() const noexcept { return exits_; }
   int size() const noexcept { return static_cast<int>(pids_.size()); }
 
  private:
   // The wait status of worker w if it has exited (-1: exited, status unknown).
   std::optional<int> try_reap(std::size_t w);
+  // Marks worker w reaped with wait status `status` (-1: unknown) and records how it ended.
+  void record_exit(std::size_t w, int status) noexcept;
   // Records a started child, with a pidfd for it if the kernel gives one.
   void add_child(pid_t pid);
   // Closes the pidfds and gives the zygote pool back (after shutdown).
@@ -96,6 +100,7 @@ class WorkerPool {
   std::vector<pid_t> pids_;
   std::vector<int> pidfds_;           // per worker; -1: none (zygote worker, or no pidfd support)
   std::vector<bool> reaped_;
+  std::vector<std::optional<WorkerExit>> exits_;  // per worker, set when reaped
   Zygote* zygote_ = nullptr;          // set when the zygote forked the workers
   uint32_t zygote_pool_ = 0;          // our pool id on the zygote
   std::map<pid_t, int> reported_;     // exits the zygote reported, not yet matched
