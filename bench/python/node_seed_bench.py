@@ -180,6 +180,9 @@ try:
             w = step(w, batch); w.block_until_ready()
             samples += len(batch)
     out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:2]
+    import re
+    shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
+    out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
 except BaseException as e:
     text = str(e).strip()
     out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
