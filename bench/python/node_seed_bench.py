@@ -15,7 +15,9 @@
     ``spindle-torch``: ``spindle.torch.DataLoader``, same arguments;
     ``grain``: grain_bench.py's pipeline (Normalize + RandomFlip + Batch)
     in ``grain.DataLoader(worker_count=8)``; ``spindle-grain``: the same in
-    ``spindle.grain.DataLoader``. numpy's OpenBLAS keeps its default pool.
+    ``spindle.grain.DataLoader`` (which never shrinks a grain pipeline's
+    workers: "fail" when short), and ``spindle-grain-wait`` the same with
+    ``SPINDLE_BUDGET_POLICY=wait``. numpy's OpenBLAS keeps its default pool.
 
 (c) ``ranks``: a launcher starts 4 "ranks" together; each imports
     TensorFlow, runs a TF step once, waits on a barrier file, then loads
@@ -139,76 +141,84 @@ if __name__ == "__main__":
 
 MEMBER = r'''
 import json, os, sys, time, traceback, warnings
-go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-WORKERS = 8
-out = {"peer": peer}
-samples = 0
-try:
-    import numpy as np
-    import jax, jax.numpy as jnp
-    import torch
-    @jax.jit
-    def step(w, batch):
-        return w - 1e-6 * jnp.mean(batch.reshape(batch.shape[0], -1).astype(jnp.float32) @ w)
-    w = jnp.full((64 * 64 * 3, 16), 1e-3, jnp.float32)
-    for _ in range(3):
-        w = step(w, np.zeros((32, 64, 64, 3), np.uint8)); w.block_until_ready()
-    if peer.endswith("grain"):
-        import grain_bench as gb
-        gb.NUM_WORKERS, gb.BATCH_SIZE = WORKERS, 32
-        source = gb.InMemoryImages(n, seed=k)
-    else:
-        images = np.resize(np.frombuffer(np.random.default_rng(k).bytes(1_048_583), np.uint8), (n, 64, 64, 3))
-        class Flipped(torch.utils.data.Dataset):
-            def __len__(self): return n
-            def __getitem__(self, i): return np.ascontiguousarray(images[i][:, ::-1])
-    out["threads_before"] = len(os.listdir("/proc/self/task"))
-    open(os.path.join(os.path.dirname(go), f"ready.{k}"), "w").close()
-    while not os.path.exists(go):
-        time.sleep(0.0005)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if peer == "torch":
-            loader = torch.utils.data.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
-        elif peer == "spindle-torch":
-            import spindle.torch
-            loader = spindle.torch.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
+
+def main():
+    go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    WORKERS = 8
+    out = {"peer": peer}
+    samples = 0
+    if peer.endswith("-wait"):  # a sweep's members take turns instead of failing (spindle.grain never shrinks)
+        os.environ["SPINDLE_BUDGET_POLICY"] = "wait"
+        peer = peer[:-len("-wait")]
+    try:
+        import numpy as np
+        import jax, jax.numpy as jnp
+        import torch
+        @jax.jit
+        def step(w, batch):
+            return w - 1e-6 * jnp.mean(batch.reshape(batch.shape[0], -1).astype(jnp.float32) @ w)
+        w = jnp.full((64 * 64 * 3, 16), 1e-3, jnp.float32)
+        for _ in range(3):
+            w = step(w, np.zeros((32, 64, 64, 3), np.uint8)); w.block_until_ready()
+        if peer.endswith("grain"):
+            import grain_bench as gb
+            gb.NUM_WORKERS, gb.BATCH_SIZE = WORKERS, 32
+            source = gb.InMemoryImages(n, seed=k)
         else:
-            loader = gb.make_loader({"grain": "grain-dl", "spindle-grain": "spindle-dl"}[peer], source)
-        for batch in loader:
-            batch = np.asarray(batch)
-            w = step(w, batch); w.block_until_ready()
-            samples += len(batch)
-    out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:2]
-    import re
-    shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
-    out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
-except BaseException as e:
-    text = str(e).strip()
-    out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-    out["traceback_tail"] = traceback.format_exc()[-800:]
-out["samples"] = samples
-print(json.dumps(out), flush=True)
-# No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
-# are killed by pid, deepest first, and it exits.
-import signal
-kids = {}
-for e in os.listdir("/proc"):
-    try:
-        kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
-    except (OSError, ValueError, IndexError):
-        pass
-order, stack = [], list(kids.get(os.getpid(), []))
-while stack:
-    pid = stack.pop()
-    order.append(pid)
-    stack.extend(kids.get(pid, []))
-for pid in reversed(order):
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-os._exit(0 if "error" not in out else 1)
+            images = np.resize(np.frombuffer(np.random.default_rng(k).bytes(1_048_583), np.uint8), (n, 64, 64, 3))
+            class Flipped(torch.utils.data.Dataset):
+                def __len__(self): return n
+                def __getitem__(self, i): return np.ascontiguousarray(images[i][:, ::-1])
+        out["threads_before"] = len(os.listdir("/proc/self/task"))
+        open(os.path.join(os.path.dirname(go), f"ready.{k}"), "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.0005)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if peer == "torch":
+                loader = torch.utils.data.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
+            elif peer == "spindle-torch":
+                import spindle.torch
+                loader = spindle.torch.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
+            else:
+                loader = gb.make_loader({"grain": "grain-dl", "spindle-grain": "spindle-dl"}[peer], source)
+            for batch in loader:
+                batch = np.asarray(batch)
+                w = step(w, batch); w.block_until_ready()
+                samples += len(batch)
+        out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:2]
+        import re
+        shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
+        out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
+    except BaseException as e:
+        text = str(e).strip()
+        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+        out["traceback_tail"] = traceback.format_exc()[-800:]
+    out["samples"] = samples
+    print(json.dumps(out), flush=True)
+    # No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
+    # are killed by pid, deepest first, and it exits.
+    import signal
+    kids = {}
+    for e in os.listdir("/proc"):
+        try:
+            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
+        except (OSError, ValueError, IndexError):
+            pass
+    order, stack = [], list(kids.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        order.append(pid)
+        stack.extend(kids.get(pid, []))
+    for pid in reversed(order):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0 if "error" not in out else 1)
+
+if __name__ == "__main__":  # grain's spawned workers import this file as __mp_main__
+    main()
 '''
 
 # ---- (c): 4 ranks started together, each tf.data or spindle -----------------------------------

@@ -35,6 +35,7 @@ from grain._src.python.dataset import dataset as _grain_dataset
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
+from ._budget import fixed_worker_policy
 from ._forking import call_in_fork, forking
 from ._layout import BatchReader
 from ._worker import ArrayElements, batch_decoder, first_row, run_stream_worker
@@ -144,7 +145,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # Not "shrink": grain's per-worker slices and checkpoint state are
                 # tied to the worker count the user chose (as before the ledger:
                 # ThreadBudgetError when short).
-                budget_policy="fail")
+                budget_policy=fixed_worker_policy())
         return _WorkerIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=True)
 
     @property

@@ -343,6 +343,39 @@ def test_leases_of_a_sigkilled_process_are_reclaimed_by_the_next_loader(ledger_p
     assert _core.ledger_leases() == []
 
 
+def test_train_and_eval_loaders_share_one_arena_and_close_returns_their_leases_at_once(ledger_path):
+    """Proves: a train and an eval loader in one process each hold one lease; together they are granted at most
+    cpus - 1 arena threads (the arena runs exactly their sum, the ledger holds exactly that pending); closing
+    one gives its lease and its arena share back at once, while the other keeps loading."""
+    cpus = len(os.sched_getaffinity(0))
+    train = spindle.DataLoader(Numbers(64), batch_size=4, num_workers=2, persistent_workers=True)
+    evaluation = spindle.DataLoader(Numbers(32), batch_size=4, num_workers=1, persistent_workers=True)
+    t, e = iter(train), iter(evaluation)
+    next(t), next(e)
+    mine = lambda: sorted((x["tasks"], x["pending"]) for x in _core.ledger_leases() if x["pid"] == os.getpid())
+    arena = t.plan.arena_threads + e.plan.arena_threads
+    assert arena <= max(0, cpus - 1), (t.plan.arena_threads, e.plan.arena_threads)
+    assert _core.arena_extra_threads() == arena
+    assert mine() == sorted([(2 + t.plan.arena_threads, t.plan.arena_threads),
+                             (1 + e.plan.arena_threads, e.plan.arena_threads)])
+    evaluation.close()
+    assert mine() == [(2 + t.plan.arena_threads, t.plan.arena_threads)]
+    assert _core.arena_extra_threads() == t.plan.arena_threads
+    assert 4 + sum(len(b) for b in t) == 64
+    train.close()
+    assert mine() == [] and _core.arena_extra_threads() == 0
+
+
+def test_an_iterator_closed_early_returns_its_leases_at_once(ledger_path):
+    """Proves: close() on an iterator in mid-epoch gives its loader's leases back before the object goes."""
+    it = iter(spindle.DataLoader(Numbers(64), batch_size=4, num_workers=2))
+    next(it)
+    assert [x["pid"] for x in _core.ledger_leases()] == [os.getpid()]
+    it.close()
+    assert _core.ledger_leases() == [] and _core.arena_extra_threads() == 0
+    del it
+
+
 @pytest.mark.parametrize("damage", ["random bytes", "truncated", "empty"])
 def test_a_corrupt_table_is_rebuilt_by_the_next_loader(ledger_path, damage):
     """Random bytes, a truncation or an empty file in place of the table: the next loader rebuilds
