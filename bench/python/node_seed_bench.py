@@ -448,12 +448,13 @@ def run_grain(peer: str, headroom: int, records: int, limit_s: int) -> dict[str,
     return rep
 
 
-def run_ranks(peer: str, headroom: int, samples: int, child: str = RANK) -> dict[str, Any]:
+def run_ranks(peer: str, headroom: int, samples: int, child: str = RANK,
+              extra_site: tuple[str, ...] = ()) -> dict[str, Any]:
     """4 processes of `child` (RANK: scenario c; MEMBER: scenario b) started together."""
     script = f"CHILD = {child!r}\nPEER = {peer!r}\nSAMPLES = {samples}\n" + LAUNCHER
     base = uid_tasks(NOBODY)
     with UidSampler(NOBODY, depth=1) as sampler:
-        done = _run(script, headroom, 400, (str(BENCH), _site_packages()))
+        done = _run(script, headroom, 400, (str(BENCH), _site_packages(), *extra_site))
     ranks = _last_json(done.stdout) or [{"peer": peer, "error": "(launcher gave no report)",
                                           "stderr_tail": _stderr_tail(done.stderr)}]
     for r in ranks:
@@ -475,6 +476,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--records", type=int, default=8192, help="(a) records per epoch")
     ap.add_argument("--samples", type=int, default=2048, help="(b), (c) images per process")
+    ap.add_argument("--extra-site", action="append", default=[],
+                    help="a site-packages directory searched after the venv's (e.g. one with tensorflow for (c))")
     args = ap.parse_args()
     peers = (args.peers.split(",") if args.peers else
              ["grain-dl", "spindle-dl", "grain-mp", "spindle-mp"] if args.scenario == "grain"
@@ -492,7 +495,7 @@ def main() -> int:
                     print(f"    {line}", flush=True)
             else:
                 sweep = args.scenario == "sweep"
-                res = run_ranks(peer, args.headroom, args.samples, MEMBER if sweep else RANK)
+                res = run_ranks(peer, args.headroom, args.samples, MEMBER if sweep else RANK, tuple(args.extra_site))
                 print(f"({'b' if sweep else 'c'}) {peer:10} headroom {args.headroom}: {res['completed']}/4 completed, "
                       f"workers {[x.get('workers') for x in res['ranks']]}, peak threads per rank tree "
                       f"{res['peak_threads_per_rank_tree']}, peak uid tasks {res['peak_uid_tasks']}", flush=True)
@@ -507,6 +510,8 @@ def main() -> int:
     entry = old.setdefault(key, {}).setdefault(f"headroom_{args.headroom}", {"headroom": args.headroom, "runs": []})
     entry["runs"] += runs
     entry["machine"] = machine_info()
+    if args.extra_site:
+        entry["extra_site"] = args.extra_site
     write_results("node_budget", old)
     return 0
 
