@@ -187,6 +187,10 @@ def main():
                 w = step(w, batch); w.block_until_ready()
                 samples += len(batch)
         out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:2]
+        out["openblas_kept_at_1"] = any("kept numpy's OpenBLAS" in str(x.message) for x in caught)
+        import threadpoolctl
+        out["openblas_threads_after"] = [lib.num_threads for lib in threadpoolctl.ThreadpoolController().lib_controllers
+                                         if lib.internal_api == "openblas"]
         import re
         shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
         out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
@@ -266,6 +270,13 @@ try:
                 samples += len(batch)
         out["workers"] = it.plan.num_workers
         out["warnings"] = [str(x.message)[:400] for x in caught if "workers asked" in str(x.message)][:2]
+        out["openblas_kept_at_1"] = any("kept numpy's OpenBLAS" in str(x.message) for x in caught)
+    try:
+        import threadpoolctl
+        out["openblas_threads_after"] = [lib.num_threads for lib in threadpoolctl.ThreadpoolController().lib_controllers
+                                         if lib.internal_api == "openblas"]
+    except ImportError:
+        pass
 except BaseException as e:
     text = str(e).strip()
     out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"

@@ -124,12 +124,12 @@ TREE = textwrap.dedent("""
     next(it)
     def named(i):
         ctypes.CDLL(None).prctl(15, f"probe_{i}".encode(), 0, 0, 0)
-        time.sleep(60)
+        time.sleep(600)
     for i in range(3):
         threading.Thread(target=named, args=(i,), daemon=True).start()
     time.sleep(0.2)
     print(json.dumps({"workers": it.worker_pids, "arena": it.plan.arena_threads}), flush=True)
-    time.sleep(60)
+    time.sleep(600)  # killed by the test; doctor reads every process of the uid, slow on a loaded machine
 """)
 
 
