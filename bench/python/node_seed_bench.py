@@ -1,12 +1,23 @@
-"""Issue 9's seed scenarios (a) and (c) as uid 65534 under one fixed ``ulimit -u``.
-
-(b), 4 JAX processes each with a loader, is node_budget_bench.py.
+"""Issue 9's seed scenarios (a), (b) and (c) as uid 65534 under one fixed ``ulimit -u``.
 
 (a) ``grain``: one consumer runs JAX (a jitted step before the loader and
     after every batch) and loads grain_bench.py's pipeline (8,192 records of
     64x64x3 uint8, Map + RandomMap + Batch(64), shuffled IndexSampler) with
     16 workers: grain's own ``grain.DataLoader`` / ``mp_prefetch`` ("before")
     against ``spindle.grain``'s, same arguments ("after"). One epoch.
+
+(b) ``sweep``: a launcher starts 4 sweep members together; each imports
+    JAX and torch (and grain for the grain peers), runs a jitted step
+    3 times, waits on a barrier file, then loads N images of 64x64x3 uint8
+    held in memory with 8 workers, batch 32, with the jitted step (a
+    matmul over the batch) after every batch: ``torch``:
+    ``torch.utils.data.DataLoader`` (flip per sample, fork context);
+    ``spindle-torch``: ``spindle.torch.DataLoader``, same arguments;
+    ``grain``: grain_bench.py's pipeline (Normalize + RandomFlip + Batch)
+    in ``grain.DataLoader(worker_count=8)``; ``spindle-grain``: the same in
+    ``spindle.grain.DataLoader`` (which never shrinks a grain pipeline's
+    workers: "fail" when short), and ``spindle-grain-wait`` the same with
+    ``SPINDLE_BUDGET_POLICY=wait``. numpy's OpenBLAS keeps its default pool.
 
 (c) ``ranks``: a launcher starts 4 "ranks" together; each imports
     TensorFlow, runs a TF step once, waits on a barrier file, then loads
@@ -26,13 +37,15 @@ completed (every sample seen), the first line of each error (and the tail of
 stderr for a process that died without a report), and peaks sampled from
 /proc every ~5 ms by this (root) process: tasks of the uid, and per tree
 (the consumer and its descendants in (a); each rank and its descendants in
-(c)). Peaks between two samples are missed: lower bounds.
+(b) and (c)). Peaks between two samples are missed: lower bounds.
 
 Run as root from the repository root with the venv's python:
 ``.venv/bin/python bench/python/node_seed_bench.py grain --headroom 64``
+``.venv/bin/python bench/python/node_seed_bench.py sweep --headroom 92``
 ``.venv/bin/python bench/python/node_seed_bench.py ranks --headroom 120``
-Results are merged into bench/results/node_budget.json (keys ``a_grain_jax``
-and ``c_ranks``, one entry per headroom; runs at the same headroom accumulate).
+Results are merged into bench/results/node_budget.json (keys ``a_grain_jax``,
+``b_sweep`` and ``c_ranks``, one entry per headroom; runs at the same headroom
+accumulate).
 """
 
 from __future__ import annotations
@@ -124,6 +137,94 @@ if __name__ == "__main__":
     main()
 '''
 
+# ---- (b): 4 sweep members started together, each JAX + a loader of 8 workers ------------------
+
+MEMBER = r'''
+import json, os, sys, time, traceback, warnings
+
+def main():
+    go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    WORKERS = 8
+    out = {"peer": peer}
+    samples = 0
+    if peer.endswith("-wait"):  # a sweep's members take turns instead of failing (spindle.grain never shrinks)
+        os.environ["SPINDLE_BUDGET_POLICY"] = "wait"
+        peer = peer[:-len("-wait")]
+    try:
+        import numpy as np
+        import jax, jax.numpy as jnp
+        import torch
+        @jax.jit
+        def step(w, batch):
+            return w - 1e-6 * jnp.mean(batch.reshape(batch.shape[0], -1).astype(jnp.float32) @ w)
+        w = jnp.full((64 * 64 * 3, 16), 1e-3, jnp.float32)
+        for _ in range(3):
+            w = step(w, np.zeros((32, 64, 64, 3), np.uint8)); w.block_until_ready()
+        if peer.endswith("grain"):
+            import grain_bench as gb
+            gb.NUM_WORKERS, gb.BATCH_SIZE = WORKERS, 32
+            source = gb.InMemoryImages(n, seed=k)
+        else:
+            images = np.resize(np.frombuffer(np.random.default_rng(k).bytes(1_048_583), np.uint8), (n, 64, 64, 3))
+            class Flipped(torch.utils.data.Dataset):
+                def __len__(self): return n
+                def __getitem__(self, i): return np.ascontiguousarray(images[i][:, ::-1])
+        out["threads_before"] = len(os.listdir("/proc/self/task"))
+        open(os.path.join(os.path.dirname(go), f"ready.{k}"), "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.0005)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if peer == "torch":
+                loader = torch.utils.data.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
+            elif peer == "spindle-torch":
+                import spindle.torch
+                loader = spindle.torch.DataLoader(Flipped(), batch_size=32, num_workers=WORKERS, timeout=60)
+            else:
+                loader = gb.make_loader({"grain": "grain-dl", "spindle-grain": "spindle-dl"}[peer], source)
+            for batch in loader:
+                batch = np.asarray(batch)
+                w = step(w, batch); w.block_until_ready()
+                samples += len(batch)
+        out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:2]
+        out["openblas_kept_at_1"] = any("kept numpy's OpenBLAS" in str(x.message) for x in caught)
+        import threadpoolctl
+        out["openblas_threads_after"] = [lib.num_threads for lib in threadpoolctl.ThreadpoolController().lib_controllers
+                                         if lib.internal_api == "openblas"]
+        import re
+        shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
+        out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
+    except BaseException as e:
+        text = str(e).strip()
+        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+        out["traceback_tail"] = traceback.format_exc()[-800:]
+    out["samples"] = samples
+    print(json.dumps(out), flush=True)
+    # No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
+    # are killed by pid, deepest first, and it exits.
+    import signal
+    kids = {}
+    for e in os.listdir("/proc"):
+        try:
+            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
+        except (OSError, ValueError, IndexError):
+            pass
+    order, stack = [], list(kids.get(os.getpid(), []))
+    while stack:
+        pid = stack.pop()
+        order.append(pid)
+        stack.extend(kids.get(pid, []))
+    for pid in reversed(order):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0 if "error" not in out else 1)
+
+if __name__ == "__main__":  # grain's spawned workers import this file as __mp_main__
+    main()
+'''
+
 # ---- (c): 4 ranks started together, each tf.data or spindle -----------------------------------
 
 RANK = r'''
@@ -169,6 +270,13 @@ try:
                 samples += len(batch)
         out["workers"] = it.plan.num_workers
         out["warnings"] = [str(x.message)[:400] for x in caught if "workers asked" in str(x.message)][:2]
+        out["openblas_kept_at_1"] = any("kept numpy's OpenBLAS" in str(x.message) for x in caught)
+    try:
+        import threadpoolctl
+        out["openblas_threads_after"] = [lib.num_threads for lib in threadpoolctl.ThreadpoolController().lib_controllers
+                                         if lib.internal_api == "openblas"]
+    except ImportError:
+        pass
 except BaseException as e:
     text = str(e).strip()
     out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
@@ -182,7 +290,7 @@ import json, os, shutil, subprocess, sys, tempfile, time
 ERROR_WORDS = ("pthread_create", "Resource temporarily", "Check failed", "ERROR", "Error", "error", "terminate")
 root = tempfile.mkdtemp(prefix="spindle-seedbench-")
 child = os.path.join(root, "rank.py")
-open(child, "w").write(RANK)
+open(child, "w").write(CHILD)
 go = os.path.join(root, "go")
 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1")
 kids = [subprocess.Popen([sys.executable, child, go, str(k), PEER, str(SAMPLES)], env=env,
@@ -351,11 +459,13 @@ def run_grain(peer: str, headroom: int, records: int, limit_s: int) -> dict[str,
     return rep
 
 
-def run_ranks(peer: str, headroom: int, samples: int) -> dict[str, Any]:
-    script = f"RANK = {RANK!r}\nPEER = {peer!r}\nSAMPLES = {samples}\n" + LAUNCHER
+def run_ranks(peer: str, headroom: int, samples: int, child: str = RANK,
+              extra_site: tuple[str, ...] = ()) -> dict[str, Any]:
+    """4 processes of `child` (RANK: scenario c; MEMBER: scenario b) started together."""
+    script = f"CHILD = {child!r}\nPEER = {peer!r}\nSAMPLES = {samples}\n" + LAUNCHER
     base = uid_tasks(NOBODY)
     with UidSampler(NOBODY, depth=1) as sampler:
-        done = _run(script, headroom, 400, (_site_packages(),))
+        done = _run(script, headroom, 400, (str(BENCH), _site_packages(), *extra_site))
     ranks = _last_json(done.stdout) or [{"peer": peer, "error": "(launcher gave no report)",
                                           "stderr_tail": _stderr_tail(done.stderr)}]
     for r in ranks:
@@ -370,16 +480,19 @@ def run_ranks(peer: str, headroom: int, samples: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenario", choices=("grain", "ranks"))
+    ap.add_argument("scenario", choices=("grain", "sweep", "ranks"))
     ap.add_argument("--headroom", type=int, required=True,
                     help="tasks the run may add beyond its first interpreter (ulimit -u = the uid's tasks + 1 + this)")
     ap.add_argument("--peers", help="comma-separated; default: every peer of the scenario")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--records", type=int, default=8192, help="(a) records per epoch")
-    ap.add_argument("--samples", type=int, default=2048, help="(c) images per rank")
+    ap.add_argument("--samples", type=int, default=2048, help="(b), (c) images per process")
+    ap.add_argument("--extra-site", action="append", default=[],
+                    help="a site-packages directory searched after the venv's (e.g. one with tensorflow for (c))")
     args = ap.parse_args()
     peers = (args.peers.split(",") if args.peers else
              ["grain-dl", "spindle-dl", "grain-mp", "spindle-mp"] if args.scenario == "grain"
+             else ["torch", "spindle-torch", "grain", "spindle-grain"] if args.scenario == "sweep"
              else ["tfdata", "spindle-tf", "spindle-tf-blas1", "spindle"])
     runs = []
     for peer in peers:
@@ -392,21 +505,24 @@ def main() -> int:
                 for line in ([res["error"]] if res.get("error") else []) + res.get("stderr_tail", [])[-3:]:
                     print(f"    {line}", flush=True)
             else:
-                res = run_ranks(peer, args.headroom, args.samples)
-                print(f"(c) {peer:10} headroom {args.headroom}: {res['completed']}/4 completed, "
+                sweep = args.scenario == "sweep"
+                res = run_ranks(peer, args.headroom, args.samples, MEMBER if sweep else RANK, tuple(args.extra_site))
+                print(f"({'b' if sweep else 'c'}) {peer:10} headroom {args.headroom}: {res['completed']}/4 completed, "
                       f"workers {[x.get('workers') for x in res['ranks']]}, peak threads per rank tree "
                       f"{res['peak_threads_per_rank_tree']}, peak uid tasks {res['peak_uid_tasks']}", flush=True)
                 for x in res["ranks"]:
                     if not x["completed"]:
                         print(f"    rc {x.get('rc')}: {x.get('error')} | {' / '.join(x.get('stderr_errors', [])[:2])}", flush=True)
             runs.append(res)
-    key = "a_grain_jax" if args.scenario == "grain" else "c_ranks"
+    key = {"grain": "a_grain_jax", "sweep": "b_sweep", "ranks": "c_ranks"}[args.scenario]
     path = REPO / "bench" / "results" / "node_budget.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     # Runs at one headroom accumulate across invocations (a rerun adds runs; delete the entry to start over).
     entry = old.setdefault(key, {}).setdefault(f"headroom_{args.headroom}", {"headroom": args.headroom, "runs": []})
     entry["runs"] += runs
     entry["machine"] = machine_info()
+    if args.extra_site:
+        entry["extra_site"] = args.extra_site
     write_results("node_budget", old)
     return 0
 

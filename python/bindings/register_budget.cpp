@@ -1,5 +1,7 @@
-// ThreadBudget and thread counting.
+// ThreadBudget, the budget ledger's leases, and thread counting.
 #include <pybind11/stl.h>
+
+#include <thread>
 
 #include <spindle/arena.hpp>
 #include <spindle/budget_ledger.hpp>
@@ -52,11 +54,59 @@ void register_budget(py::module_& m) {
       .def_property_readonly("cpus", &ThreadBudget::cpus, "CPUs this process may run on (affinity, cgroup cpu.max).")
       .def_property_readonly("user_cap", [](const ThreadBudget& b) { return opt(b.user_cap()); }, "The max_threads cap.")
       .def_property_readonly("budget", [](const ThreadBudget& b) { return opt(b.budget()); }, "min(nproc_headroom, cgroup_headroom, user_cap).")
-      .def("plan", &ThreadBudget::plan, py::arg("num_workers"), py::arg("pending") = 0,
+      .def("plan", &ThreadBudget::plan, py::arg("num_workers"), py::arg("pending") = 0, py::arg("arena_held") = 0,
            "Plan for num_workers workers out of the budget less `pending` tasks leased elsewhere and not "
-           "started yet; raises ThreadBudgetError, with the numbers, if they do not fit.")
+           "started yet, with arena threads within cpus - 1 less `arena_held` (those the process's live loaders "
+           "hold); raises ThreadBudgetError, with the numbers, if they do not fit.")
       .def("__repr__", [](const ThreadBudget& b) { return "ThreadBudget(" + b.describe() + ")"; });
 
+  py::class_<LedgerLease>(m, "LedgerLease",
+                          "A share of the node's thread budget (the budget ledger); given back by release() "
+                          "or when garbage-collected. A forked child's copy gives nothing back.")
+      .def_property_readonly("held", &LedgerLease::held)
+      .def_property_readonly("id", &LedgerLease::id)
+      .def("started", &LedgerLease::started, py::arg("n"), py::call_guard<py::gil_scoped_release>(),
+           "n of the leased tasks now exist (so /proc counts them).")
+      .def("release", &LedgerLease::reset, py::call_guard<py::gil_scoped_release>(), "Gives the share back now.");
+
+  m.def(
+      "reserve_stopping",
+      [](int64_t tasks) {
+        py::gil_scoped_release release;
+        return BudgetLedger::global().reserve_stopping(tasks);
+      },
+      py::arg("tasks"),
+      "A lease of `tasks` threads of this process that run now and are about to be stopped and restarted "
+      "(numpy's OpenBLAS pool around spindle's forks): pending until released, so no loader takes their tasks "
+      "meanwhile. Granted without a check.");
+  m.def(
+      "ledger_available",
+      [](const LedgerLease& excluding) {
+        int64_t n;
+        {
+          py::gil_scoped_release release;
+          n = BudgetLedger::global().available(excluding);
+        }
+        return opt(n);
+      },
+      py::arg("excluding"),
+      "Tasks free now for the threads `excluding` holds: the live budget less every other live lease's pending "
+      "tasks (None: unlimited).");
+  m.def(
+      "lease_tasks",
+      [](int tasks, const std::string& budget_policy, double timeout) {
+        const BudgetPolicy policy = parse_budget_policy(budget_policy);
+        const auto ms = timeout_ms(timeout);
+        auto poll = budget_poll();
+        // The cap keeps the plan at `tasks`: no arena threads come with them.
+        BudgetSources sources;
+        sources.user_cap = tasks;
+        return BudgetLedger::global().acquire(tasks, policy, ms, [&] { return ThreadBudget(sources); }, poll).lease;
+      },
+      py::arg("tasks"), py::arg("budget_policy") = "wait", py::arg("timeout") = 10.0,
+      "A lease of `tasks` tasks (a helper process spindle forks) from the node's budget, under `budget_policy` "
+      "(\"shrink\" is not meaningful here and acts as \"fail\" once nothing is free); raises ThreadBudgetError "
+      "with the numbers when they do not fit. Mark them started() once they exist.");
   m.def(
       "ledger_leases",
       [] {

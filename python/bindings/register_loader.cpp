@@ -132,6 +132,16 @@ std::vector<FieldSpec> field_specs(const std::vector<std::pair<std::string, std:
 
 }  // namespace
 
+std::function<void()> budget_poll() {
+  return [] {
+    {
+      py::gil_scoped_release release;
+      std::this_thread::sleep_for(BudgetLedger::kPollPeriod);
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
 void register_loader(py::module_& m) {
   m.attr("MIN_SLOT_BYTES") = BatchRing::kMinSlotStride;
 
@@ -285,15 +295,7 @@ void register_loader(py::module_& m) {
                        std::vector<int> spawn_fds, const std::string& budget_policy) {
              LoaderOptions o;
              o.budget_policy = parse_budget_policy(budget_policy);
-             // While "wait" waits: without the GIL (another thread may be the one
-             // closing a loader to give its lease back), and Ctrl-C stops it.
-             o.budget_poll = [] {
-               {
-                 py::gil_scoped_release release;
-                 std::this_thread::sleep_for(BudgetLedger::kPollPeriod);
-               }
-               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-             };
+             o.budget_poll = budget_poll();
              o.num_workers = num_workers;
              o.batch_capacity = batch_capacity;
              o.slot_bytes = slot_bytes;

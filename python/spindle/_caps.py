@@ -10,7 +10,9 @@ Three parts:
   BLIS, OpenBLAS built on OpenMP).
 - ``openblas_capped_across_forks()`` runs in the consumer around spindle's
   forks, for the one runtime a worker cannot cap itself: OpenBLAS on pthreads
-  (numpy's and scipy's wheels), see ``_restarts_its_pool_when_capped``.
+  (numpy's and scipy's wheels), see ``_restarts_its_pool_when_capped``; the
+  consumer's pool, stopped by the forks and restarted after them, is held in
+  a lease of the budget ledger meanwhile.
 - ``ThreadWatchdog`` runs in the consumer: it looks at each worker's threads
   (``/proc/<pid>/task``) about once a second and warns, once per loader, about
   a worker running more threads than its lease, naming them, so the code that
@@ -106,7 +108,7 @@ def _restarts_its_pool_when_capped(lib: Any) -> bool:
 
 _fork_lock = threading.Lock()
 _forks_in_progress = 0
-_openblas_to_restore: list[tuple[Any, int]] = []
+_openblas_to_restore: list[tuple[Any, int, Any]] = []  # (controller, its count, the lease of its pool)
 
 
 @contextlib.contextmanager
@@ -119,6 +121,11 @@ def openblas_capped_across_forks() -> Iterator[None]:
     next BLAS call (OpenBLAS's fork handler stopped it). BLAS called by other
     consumer threads meanwhile runs single-threaded. Loaders forking from
     several threads at once share one cap, restored when the last finishes.
+
+    The pool's n - 1 threads are in a lease of the budget ledger from before
+    they stop until they run again (``_core.reserve_stopping``): no loader of
+    this uid, the one about to fork here included, takes their tasks while
+    they are down, so the restart finds its room.
     """
     global _forks_in_progress
     consumer = os.getpid()
@@ -127,8 +134,11 @@ def openblas_capped_across_forks() -> Iterator[None]:
         if _forks_in_progress == 1:
             for lib in _consumer_openblas():
                 if (n := lib.get_num_threads()) and n > 1:
+                    from ._core import reserve_stopping
+
+                    lease = reserve_stopping(n - 1)  # while they still run: counted twice, never zero times
                     lib.set_num_threads(1)
-                    _openblas_to_restore.append((lib, n))
+                    _openblas_to_restore.append((lib, n, lease))
     try:
         yield
     finally:
@@ -138,29 +148,33 @@ def openblas_capped_across_forks() -> Iterator[None]:
                 _forks_in_progress -= 1
                 if _forks_in_progress == 0:
                     while _openblas_to_restore:
-                        lib, n = _openblas_to_restore.pop()
-                        _restore_if_room(lib, n)
+                        lib, n, lease = _openblas_to_restore.pop()
+                        try:
+                            _restore_if_room(lib, n, lease)
+                        finally:
+                            lease.release()  # running again (counted by /proc), or not restarted
 
 
 _openblas_libs: dict[frozenset[str], list[Any]] = {}
 _warned_kept_capped = False
 
 
-def _restore_if_room(lib: Any, n: int) -> None:
+def _restore_if_room(lib: Any, n: int, lease: Any) -> None:
     """Puts the consumer's OpenBLAS back to `n` threads, which starts n - 1 of
-    them at once — unless the thread budget (ulimit -u, pids.max) has no room
-    for them now: a failed pthread_create makes OpenBLAS raise SIGINT in this
-    process. Then it stays at one thread, with one warning naming the numbers.
-    Still a check, not a lease: another process may take the room after it."""
+    them at once, in the room `lease` kept for them. Another process of this
+    uid that takes no leases (a runtime other than spindle) may still have
+    taken it: a failed pthread_create makes OpenBLAS raise SIGINT in this
+    process, so if the budget (ulimit -u, pids.max, less every other lease's
+    pending tasks) has no room for them now, OpenBLAS stays at one thread,
+    with one warning naming the numbers."""
     global _warned_kept_capped
-    from ._core import ThreadBudget
+    from ._core import ledger_available
 
     try:
-        room = ThreadBudget().budget
+        room = ledger_available(lease)
     except Exception:  # noqa: BLE001 - no budget readable: restore as before
         room = None
-    reserve = 2  # as ThreadBudget keeps for the rest of the process
-    if room is None or room >= (n - 1) + reserve:
+    if room is None or room >= n - 1:
         lib.set_num_threads(n)
         return
     if not _warned_kept_capped:
@@ -168,8 +182,9 @@ def _restore_if_room(lib: Any, n: int) -> None:
         warnings.warn(
             f"spindle: kept numpy's OpenBLAS at 1 thread in this process after starting workers: restoring its "
             f"{n} threads would start {n - 1} more with only {room} tasks of headroom left under ulimit -u / "
-            "pids.max (a failed pthread_create makes OpenBLAS abort with SIGINT). Set OPENBLAS_NUM_THREADS, or "
-            "call spindle.limit_threads(n) before importing numpy, to choose the count yourself.",
+            "pids.max (taken meanwhile by a process that does not use spindle's ledger; a failed pthread_create "
+            "makes OpenBLAS abort with SIGINT). Set OPENBLAS_NUM_THREADS, or call spindle.limit_threads(n) "
+            "before importing numpy, to choose the count yourself.",
             RuntimeWarning, stacklevel=4)
 
 
@@ -195,7 +210,7 @@ def _forget_forks_in_child() -> None:
     global _fork_lock, _forks_in_progress
     _fork_lock = threading.Lock()
     _forks_in_progress = 0
-    _openblas_to_restore.clear()
+    _openblas_to_restore.clear()  # the parent's leases: dropping the copies gives nothing back
 
 
 os.register_at_fork(after_in_child=_forget_forks_in_child)

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -35,9 +35,9 @@ class ThreadBudget:
         ...
     def __repr__(self) -> str:
         ...
-    def plan(self, num_workers: typing.SupportsInt | typing.SupportsIndex, pending: typing.SupportsInt | typing.SupportsIndex = 0) -> ThreadPlan:
+    def plan(self, num_workers: typing.SupportsInt | typing.SupportsIndex, pending: typing.SupportsInt | typing.SupportsIndex = 0, arena_held: typing.SupportsInt | typing.SupportsIndex = 0) -> ThreadPlan:
         """
-        Plan for num_workers workers out of the budget less `pending` tasks leased elsewhere and not started yet; raises ThreadBudgetError, with the numbers, if they do not fit.
+        Plan for num_workers workers out of the budget less `pending` tasks leased elsewhere and not started yet, with arena threads within cpus - 1 less `arena_held` (those the process's live loaders hold); raises ThreadBudgetError, with the numbers, if they do not fit.
         """
     @property
     def budget(self) -> int | None:
@@ -89,6 +89,24 @@ class ThreadBudget:
         """
         The max_threads cap.
         """
+class LedgerLease:
+    """
+    A share of the node's thread budget (the budget ledger); given back by release() or when garbage-collected. A forked child's copy gives nothing back.
+    """
+    def release(self) -> None:
+        """
+        Gives the share back now.
+        """
+    def started(self, n: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        n of the leased tasks now exist (so /proc counts them).
+        """
+    @property
+    def held(self) -> bool:
+        ...
+    @property
+    def id(self) -> int:
+        ...
 class SlotLayout:
     """
     How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one C-contiguous block [capacity, *shape] per field, 64-byte aligned.
@@ -523,6 +541,14 @@ def image_info(data: typing_extensions.Buffer) -> tuple[int, int, int, str]:
     """
     (height, width, channels, format) from the headers only.
     """
+def lease_tasks(tasks: typing.SupportsInt | typing.SupportsIndex, budget_policy: str = 'wait', timeout: typing.SupportsFloat | typing.SupportsIndex = 10.0) -> LedgerLease:
+    """
+    A lease of `tasks` tasks (a helper process spindle forks) from the node's budget, under `budget_policy` ("shrink" is not meaningful here and acts as "fail" once nothing is free); raises ThreadBudgetError with the numbers when they do not fit. Mark them started() once they exist.
+    """
+def ledger_available(excluding: LedgerLease) -> int | None:
+    """
+    Tasks free now for the threads `excluding` holds: the live budget less every other live lease's pending tasks (None: unlimited).
+    """
 def ledger_leases() -> list[dict]:
     """
     The node budget ledger's leases as found (pid, start_time, lease_id, tasks, pending, alive), or this process's own if the shared table is not used.
@@ -542,6 +568,10 @@ def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batc
 def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
     """
     torchvision RandomResizedCrop's box (top, left, h, w), drawn from (seed, epoch, index).
+    """
+def reserve_stopping(tasks: typing.SupportsInt | typing.SupportsIndex) -> LedgerLease:
+    """
+    A lease of `tasks` threads of this process that run now and are about to be stopped and restarted (numpy's OpenBLAS pool around spindle's forks): pending until released, so no loader takes their tasks meanwhile. Granted without a check.
     """
 def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> numpy.ndarray:
     """

@@ -13,6 +13,10 @@ from typing import Any, Callable, Iterator
 from ._caps import openblas_capped_across_forks
 
 
+# How long a helper process (call_in_fork) waits for its task of the thread budget.
+HELPER_WAIT_S = 30.0
+
+
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
     """Around spindle's own forks: silences JAX's at-fork warning, and caps
@@ -35,15 +39,27 @@ def call_in_fork(fn: Callable[[], Any]) -> Any:
     everything fn touches); re-raises its exception here.
 
     Used only where a computation would mutate state this process must keep
-    (grain's initial iterator state of a worker slice). The child dies with
+    (grain's initial iterator state of a worker slice). The child holds a
+    lease of one task in the budget ledger until it is reaped. The child dies with
     this process (PR_SET_PDEATHSIG) and is killed and reaped if this process
     is interrupted while waiting; the result comes back over a private pipe
     that no user code writes to.
     """
+    from ._core import lease_tasks
+
+    # Its one task from the node's budget, like a worker's: waited for (up to
+    # HELPER_WAIT_S, then ThreadBudgetError with the numbers) rather than a failed fork.
+    lease = lease_tasks(1, budget_policy="wait", timeout=HELPER_WAIT_S)
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
-    with forking():
-        pid = os.fork()
+    try:
+        with forking():
+            pid = os.fork()
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        lease.release()
+        raise
     if pid == 0:  # child
         code = 1
         try:
@@ -62,15 +78,19 @@ def call_in_fork(fn: Callable[[], Any]) -> Any:
                 out.write(payload)
         finally:
             os._exit(code)
+    lease.started(1)
     os.close(write_fd)
     try:
-        with os.fdopen(read_fd, "rb") as inp:
-            data = inp.read()
-    except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    _, status = os.waitpid(pid, 0)
+        try:
+            with os.fdopen(read_fd, "rb") as inp:
+                data = inp.read()
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        _, status = os.waitpid(pid, 0)
+    finally:
+        lease.release()  # the helper is reaped
     if not data:
         raise RuntimeError(f"spindle: the helper process (pid {pid}) died ({_describe(status)}) before answering")
     kind, value = pickle.loads(data)

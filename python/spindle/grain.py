@@ -36,6 +36,7 @@ from grain._src.python.dataset import dataset as _grain_dataset
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
+from ._budget import fixed_worker_policy
 from ._forking import call_in_fork, forking
 from ._layout import BatchReader
 from ._worker import ArrayElements, batch_decoder, first_row, run_stream_worker
@@ -158,7 +159,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # Not "shrink": grain's per-worker slices and checkpoint state are
                 # tied to the worker count the user chose (as before the ledger:
                 # ThreadBudgetError when short).
-                budget_policy="fail")
+                budget_policy=fixed_worker_policy())
         self._runtime = runtime
         # This iterator owns the workers (close(), or when it is dropped): the
         # end of the elements leaves them waiting for a set_state(), as grain's

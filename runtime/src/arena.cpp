@@ -22,12 +22,6 @@
 namespace spindle {
 namespace {
 
-struct Grant {
-  int extra = 0;
-  int limit = 0;
-  bool workers = false;  // threads-mode workers: counted in full, outside the shared cap
-};
-
 // Everything below is guarded by `mu`: leases are taken and dropped from any
 // thread (a Loader may be destroyed on another thread than the one iterating
 // a second one), and parallel calls read the size while that happens.
@@ -35,8 +29,8 @@ struct State {
   std::mutex mu;
   pid_t owner = 0;  // the process whose leases `grants` records
   uint64_t next_id = 1;
-  std::map<uint64_t, Grant> grants;  // live leases by id
-  int extra = 0;                     // capped sum of `grants`
+  std::map<uint64_t, int> grants;  // live leases by id: their extra threads
+  int extra = 0;                   // sum of `grants`
   std::unique_ptr<tbb::global_control> control;  // present while a lease lives
   std::shared_ptr<tbb::task_arena> arena;         // shared: a running call keeps its arena
 };
@@ -69,17 +63,9 @@ void resize(State& s) {
     s.arena.reset();
     return;
   }
-  long long sum = 0, workers = 0;
-  int limit = INT_MAX;
-  for (const auto& [id, g] : s.grants) {
-    if (g.workers) {
-      workers += g.extra;
-      continue;
-    }
-    sum += g.extra;
-    limit = std::min(limit, g.limit);
-  }
-  const int extra = static_cast<int>(std::clamp<long long>(sum, 0, std::max(0, limit)) + workers);
+  long long sum = 0;
+  for (const auto& [id, extra] : s.grants) sum += extra;
+  const int extra = static_cast<int>(std::min<long long>(sum, INT_MAX - 1));
   if (s.control && extra == s.extra) return;
   // The new cap exists before the old one goes: TBB applies the smallest
   // live global_control, so the cap is never lifted in between.
@@ -136,18 +122,14 @@ Arena& Arena::global() {
   return a;
 }
 
-ArenaLease Arena::lease(int extra_threads, int limit) { return take(extra_threads, limit, false); }
-
-ArenaLease Arena::lease_workers(int threads) { return take(threads, 0, true); }
-
-ArenaLease Arena::take(int extra_threads, int limit, bool workers) {
+ArenaLease Arena::lease(int extra_threads) {
   State& s = state();
   std::lock_guard lock(s.mu);
   const pid_t me = getpid();
   adopt(s, me);
   const int extra = std::max(0, extra_threads);
   const uint64_t id = s.next_id++;
-  s.grants[id] = Grant{extra, std::max(0, limit), workers};
+  s.grants[id] = extra;
   try {
     resize(s);
   } catch (...) {

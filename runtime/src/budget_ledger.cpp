@@ -96,6 +96,7 @@ bool valid(const Table& t) {
 struct Local {
   int64_t tasks = 0;
   int64_t pending = 0;
+  int helpers = 0;   // of the tasks, the arena threads for copy-out (plan.arena_threads)
   std::string path;  // the table it was registered in ("" = none)
 };
 
@@ -202,10 +203,37 @@ struct BudgetLedger::Impl {
     }
   }
 
-  int64_t local_pending() const {
+  int64_t local_pending(uint64_t except = 0) const {
     int64_t sum = 0;
-    for (const auto& [id, l] : leases) sum += l.pending;
+    for (const auto& [id, l] : leases)
+      if (id != except) sum += l.pending;
     return sum;
+  }
+
+  int local_helpers() const {
+    int sum = 0;
+    for (const auto& [id, l] : leases) sum += l.helpers;
+    return sum;
+  }
+
+  // Records a new lease of this process (enter() puts it in the table).
+  uint64_t record(int64_t tasks, int64_t pending, int helpers) {
+    const uint64_t id = next_id++;
+    leases[id] = Local{tasks, pending, helpers, ""};
+    return id;
+  }
+
+  // Puts lease `id` into the table `t` (under its lock); false if it is full
+  // (the lease is then known to this process only).
+  bool enter(Table& t, uint64_t id, const std::string& path, pid_t me, uint64_t my_start) {
+    auto& l = leases[id];
+    for (auto& r : t.records) {
+      if (r.pid != 0) continue;
+      r = TableRecord{me, 0, my_start, id, l.tasks, l.pending, 0};
+      l.path = path;
+      return true;
+    }
+    return false;
   }
 
   // Opens, checks, locks, reads (rebuilding if invalid), reclaims dead leases
@@ -403,6 +431,7 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
       // the new lease written in one critical section.
       auto decide = [&](int64_t others) {
         const int64_t pending = others + impl_->local_pending();
+        const int held = impl_->local_helpers();
         const ThreadBudget budget = read_budget();
         // A cap of the user's own below the request is a contradiction in
         // the arguments, not a shortage: refused under every policy.
@@ -436,7 +465,7 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
           }
         }
         LedgerGrant g;
-        g.plan = budget.plan(workers, pending);
+        g.plan = budget.plan(workers, pending, held);
         g.requested = num_workers;
         g.live_budget = budget.budget();
         g.pending_seen = pending;
@@ -445,9 +474,8 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
       };
       uint64_t id = 0;
       auto record = [&](LedgerGrant& g) {
-        id = impl_->next_id++;
         const int64_t tasks = g.plan.num_workers + g.plan.arena_threads;
-        impl_->leases[id] = Local{tasks, tasks, ""};
+        id = impl_->record(tasks, tasks, g.plan.arena_threads);
       };
       bool decided = false;  // the table was read and the decision made under its lock
       const bool shared = impl_->with_table(path, [&](Table& t, int64_t others, pid_t me, uint64_t my_start) {
@@ -455,15 +483,7 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         grant = decide(others);
         if (!grant) return false;
         record(*grant);
-        auto& l = impl_->leases[id];
-        l.path = path;
-        for (auto& r : t.records) {
-          if (r.pid != 0) continue;
-          r = TableRecord{me, 0, my_start, id, l.tasks, l.pending, 0};
-          return true;
-        }
-        l.path.clear();  // table full: this lease is known to this process only
-        return false;
+        return impl_->enter(t, id, path, me, my_start);
       });
       if (!shared && !decided) {  // no usable table: this process's leases only
         grant = decide(0);
@@ -492,6 +512,37 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
     else
       std::this_thread::sleep_for(kPollPeriod);
   }
+}
+
+LedgerLease BudgetLedger::reserve_stopping(int64_t tasks) {
+  if (tasks < 0 || tasks > kMaxTasks)
+    SPINDLE_THROW(std::invalid_argument, "spindle: reserve_stopping needs 0 <= tasks <= " + std::to_string(kMaxTasks) +
+                                             " (got " + std::to_string(tasks) + ")");
+  std::lock_guard lock(g_mu);
+  impl_->adopt();
+  const std::string path = impl_->path();
+  const uint64_t id = impl_->record(tasks, tasks, 0);
+  (void)impl_->with_table(path, [&](Table& t, int64_t, pid_t me, uint64_t my_start) {
+    return impl_->enter(t, id, path, me, my_start);
+  });
+  return LedgerLease(this, id, getpid());
+}
+
+int64_t BudgetLedger::available(const LedgerLease& excluding, const std::function<ThreadBudget()>& read_budget) {
+  std::lock_guard lock(g_mu);
+  impl_->adopt();
+  const uint64_t except = excluding.pid_ == getpid() ? excluding.id_ : 0;
+  auto count = [&](int64_t others) {
+    const ThreadBudget budget = read_budget ? read_budget() : ThreadBudget();
+    return budget.budget(others + impl_->local_pending(except));
+  };
+  // Under the table's lock, as acquire() decides: nothing is granted in between.
+  std::optional<int64_t> result;
+  (void)impl_->with_table(impl_->path(), [&](Table&, int64_t others, pid_t, uint64_t) {
+    result = count(others);
+    return false;
+  });
+  return result ? *result : count(0);
 }
 
 void BudgetLedger::release(uint64_t id, pid_t pid) noexcept {
@@ -581,6 +632,12 @@ int64_t BudgetLedger::local_pending() {
   std::lock_guard lock(g_mu);
   impl_->adopt();
   return impl_->local_pending();
+}
+
+int BudgetLedger::local_arena_threads() {
+  std::lock_guard lock(g_mu);
+  impl_->adopt();
+  return impl_->local_helpers();
 }
 
 }  // namespace spindle

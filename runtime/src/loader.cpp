@@ -218,10 +218,11 @@ void Loader::prepare(bool threads) {
   ledger_lease_ = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
-  // Threads mode: the workers are arena threads, on top of what the plan
-  // grants for copy-out.
-  arena_lease_ = Arena::global().lease(plan_.arena_threads, plan_.arena_limit);
-  if (threads) worker_lease_ = Arena::global().lease_workers(options.num_workers);
+  // The arena runs the sum of its live leases; this loader's is what its
+  // ledger lease was granted: the plan's arena threads (within cpus - 1 for
+  // the whole process) and, in threads mode, the workers, which are arena
+  // threads.
+  arena_lease_ = Arena::global().lease(plan_.arena_threads + (threads ? plan_.num_workers : 0));
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
@@ -376,6 +377,7 @@ void Loader::close(std::chrono::milliseconds grace) noexcept {
 void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   closing_.store(true, std::memory_order_release);
   if (!pool_ && !threads_) {
+    arena_lease_.reset();
     ledger_lease_.reset();
     return;
   }
@@ -387,7 +389,10 @@ void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
   }
   pool_.reset();
   threads_.reset();  // waits for the batches being filled: threads cannot be killed
-  ledger_lease_.reset();  // the workers are reaped: their tasks are gone
+  // The workers are reaped and nothing of this loader runs in the arena any
+  // more: both leases go back now, not when the Loader is destroyed.
+  arena_lease_.reset();
+  ledger_lease_.reset();
   std::lock_guard lock(pids_mu_);
   pids_.clear();
 }

@@ -199,9 +199,10 @@ int64_t ThreadBudget::budget(int64_t pending) const noexcept {
   return std::min({budget_of(nproc_headroom(), pending), budget_of(cgroup_headroom_, pending), user_cap_});
 }
 
-ThreadPlan ThreadBudget::plan(int num_workers, int64_t pending) const {
+ThreadPlan ThreadBudget::plan(int num_workers, int64_t pending, int arena_held) const {
   if (num_workers < 0) SPINDLE_THROW(std::invalid_argument, "spindle: num_workers must be >= 0");
   if (pending < 0) SPINDLE_THROW(std::invalid_argument, "spindle: pending tasks must be >= 0");
+  if (arena_held < 0) SPINDLE_THROW(std::invalid_argument, "spindle: arena_held must be >= 0");
   const int64_t b = budget(pending);
   if (num_workers > b) {
     std::string which = b == user_cap_ ? "max_threads (your cap)"
@@ -224,7 +225,7 @@ ThreadPlan ThreadBudget::plan(int num_workers, int64_t pending) const {
   // The calling thread is one of the arena's slots, so cpus-1 extra threads
   // give the arena full use of the CPUs.
   p.arena_limit = std::max(0, cpus_ - 1);
-  p.arena_threads = static_cast<int>(std::clamp<int64_t>(left, 0, p.arena_limit));
+  p.arena_threads = static_cast<int>(std::clamp<int64_t>(left, 0, std::max(0, p.arena_limit - arena_held)));
   return p;
 }
 

@@ -1,8 +1,10 @@
 // The process's one TBB arena: leases add up and give their share back, the
 // TBB cap is installed even for 0 extra threads, two loaders keep what they
-// were granted, a running call survives a resize, and reading the size does
-// not race with leasing.
+// were granted within one cpus - 1, close() gives the shares back, threads-mode
+// workers are their loader's share, a running call survives a resize, and
+// reading the size does not race with leasing.
 #include <spindle/arena.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/loader.hpp>
 #include <spindle/thread_budget.hpp>
 
@@ -78,14 +80,14 @@ TEST(ArenaCap, LoaderWithZeroExtraThreadsCapsTbbAtOne) {
 // and dropping a lease shrinks both again.
 TEST(ArenaLeases, LeasesAddUpAndShrinkWhenDropped) {
   const std::size_t uncapped = tbb_cap();
-  ArenaLease a = Arena::global().lease(1, 8);
-  ArenaLease b = Arena::global().lease(2, 8);
+  ArenaLease a = Arena::global().lease(1);
+  ArenaLease b = Arena::global().lease(2);
   EXPECT_EQ(Arena::global().extra_threads(), 3);
   EXPECT_EQ(tbb_cap(), 4u);
   a.reset();
   EXPECT_EQ(Arena::global().extra_threads(), 2);
   EXPECT_EQ(tbb_cap(), 3u);
-  ArenaLease none = Arena::global().lease(0, 8);
+  ArenaLease none = Arena::global().lease(0);
   b.reset();
   EXPECT_EQ(Arena::global().extra_threads(), 0);
   EXPECT_EQ(tbb_cap(), 1u) << "a lease of 0 extra threads still caps TBB at the calling thread";
@@ -93,23 +95,17 @@ TEST(ArenaLeases, LeasesAddUpAndShrinkWhenDropped) {
   EXPECT_EQ(tbb_cap(), uncapped);
 }
 
-// Proves: the sum is capped at the smallest limit of the live leases and never
-// goes below 0.
-TEST(ArenaLeases, SumIsCappedAtTheLimit) {
-  ArenaLease a = Arena::global().lease(2, 3);
-  ArenaLease b = Arena::global().lease(2, 3);
-  EXPECT_EQ(Arena::global().extra_threads(), 3);
-  ArenaLease c = Arena::global().lease(0, 1);
-  EXPECT_EQ(Arena::global().extra_threads(), 1);
-  c.reset();
-  ArenaLease negative = Arena::global().lease(-5, 3);
+// Proves: a negative request counts as 0 extra threads.
+TEST(ArenaLeases, NegativeRequestCountsAsZero) {
+  ArenaLease a = Arena::global().lease(2);
+  ArenaLease negative = Arena::global().lease(-5);
   EXPECT_EQ(negative.extra_threads(), 0);
-  EXPECT_EQ(Arena::global().extra_threads(), 3);
+  EXPECT_EQ(Arena::global().extra_threads(), 2);
 }
 
 // Proves: moving a lease moves the share; the moved-from lease gives nothing back.
 TEST(ArenaLeases, MovingALeaseMovesTheShare) {
-  ArenaLease a = Arena::global().lease(2, 8);
+  ArenaLease a = Arena::global().lease(2);
   ArenaLease b = std::move(a);
   EXPECT_FALSE(a.held());
   a.reset();
@@ -122,9 +118,10 @@ TEST(ArenaLeases, MovingALeaseMovesTheShare) {
 }
 
 // Proves: two loaders in one process (train and eval) each keep the threads
-// they were granted while both live; the arena runs the sum (capped at
-// cpus - 1) and shrinks back when one is dropped.
-TEST(ArenaLeases, TwoLoadersEachKeepWhatTheyWereGranted) {
+// they were granted while both live; a third is granted only what is left of
+// cpus - 1 for the whole process (the arena never runs more copy-out threads
+// than one loader could), and the arena shrinks back when they go.
+TEST(ArenaLeases, TwoLoadersEachKeepWhatTheyWereGrantedWithinOneLimit) {
   testing::TempDir fake_proc;
   Loader train(options_for(fake_proc, 8, 2), batches(4), zeros());
   {
@@ -134,16 +131,65 @@ TEST(ArenaLeases, TwoLoadersEachKeepWhatTheyWereGranted) {
     EXPECT_EQ(Arena::global().extra_threads(), 5) << "the last loader built must not resize the other's share";
     EXPECT_EQ(tbb_cap(), 6u);
     Loader third(options_for(fake_proc, 8, 7), batches(4), zeros());
-    EXPECT_EQ(Arena::global().extra_threads(), 7) << "capped at cpus - 1";
+    EXPECT_EQ(third.plan().arena_threads, 2) << "its budget allows 7, but 5 of cpus - 1 = 7 are held";
+    EXPECT_EQ(Arena::global().extra_threads(), 7);
+    EXPECT_EQ(BudgetLedger::global().local_arena_threads(), 7) << "the ledger holds what the arena runs";
+    Loader fourth(options_for(fake_proc, 8, 7), batches(4), zeros());
+    EXPECT_EQ(fourth.plan().arena_threads, 0);
+    EXPECT_EQ(Arena::global().extra_threads(), 7);
   }
   EXPECT_EQ(Arena::global().extra_threads(), 2);
   EXPECT_EQ(tbb_cap(), 3u);
 }
 
+// Proves: close() gives the loader's arena share and its ledger lease back at
+// once, while the Loader object still lives (and its delivered batch stays
+// valid).
+TEST(ArenaLeases, CloseGivesTheLeasesBackAtOnce) {
+  const std::size_t uncapped = tbb_cap();
+  testing::TempDir fake_proc;
+  Loader loader(options_for(fake_proc, 4, 2), batches(4), zeros());
+  ASSERT_EQ(Arena::global().extra_threads(), 2);
+  ASSERT_GT(BudgetLedger::global().local_pending(), 0);
+  auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  loader.close();
+  EXPECT_EQ(Arena::global().extra_threads(), 0);
+  EXPECT_EQ(tbb_cap(), uncapped);
+  EXPECT_EQ(BudgetLedger::global().local_pending(), 0);
+  EXPECT_EQ(BudgetLedger::global().local_arena_threads(), 0);
+  EXPECT_EQ(batch->data()[0], std::byte{0});
+}
+
+// Proves: a threads-mode loader's workers are arena threads of its own lease,
+// on top of the copy-out threads of a processes-mode loader in the same
+// process (no special case outside the rule: the arena is the sum of the
+// live leases), both deliver every batch, and each close shrinks the arena
+// by exactly its loader's share.
+TEST(ArenaLeases, ThreadsModeWorkersAreTheirLoadersShare) {
+  testing::TempDir fake_proc;
+  Loader processes(options_for(fake_proc, 4, 2), batches(8), zeros());
+  LoaderOptions o = options_for(fake_proc, 4, 3);
+  o.num_workers = 2;
+  o.max_threads = 2 + ThreadBudget::kReserve + 3;
+  Loader threads(o, batches(8), zeros(), ArenaThreads{});
+  EXPECT_EQ(threads.plan().num_workers, 2);
+  EXPECT_EQ(threads.plan().arena_threads, 1) << "2 of cpus - 1 = 3 copy-out threads are held";
+  EXPECT_EQ(Arena::global().extra_threads(), 2 + 1 + 2);
+  int got = 0;
+  while (threads.next()) ++got;
+  while (processes.next()) ++got;
+  EXPECT_EQ(got, 16);
+  threads.close();
+  EXPECT_EQ(Arena::global().extra_threads(), 2);
+  processes.close();
+  EXPECT_EQ(Arena::global().extra_threads(), 0);
+}
+
 // Proves: a parallel call running when the arena is resized finishes every
 // chunk in the arena it started in (ASan sees no use of a destroyed arena).
 TEST(ArenaLeases, RunningCallKeepsItsArenaWhenResized) {
-  ArenaLease lease = Arena::global().lease(1, 1);
+  ArenaLease lease = Arena::global().lease(1);
   std::atomic<bool> started{false}, resized{false};
   std::atomic<std::size_t> done{0};
   std::thread call([&] {
@@ -157,7 +203,7 @@ TEST(ArenaLeases, RunningCallKeepsItsArenaWhenResized) {
   });
   ASSERT_TRUE(testing::eventually(10s, [&] { return started.load(); }));
   lease.reset();  // the arena the call runs in is dropped by its owner ...
-  ArenaLease other = Arena::global().lease(0, 1);  // ... and a different size installed
+  ArenaLease other = Arena::global().lease(0);  // ... and a different size installed
   resized = true;
   call.join();
   EXPECT_EQ(done.load(), 64u);
@@ -173,7 +219,7 @@ TEST(ArenaConcurrency, SizeReadsDoNotRaceWithLeases) {
   std::atomic<bool> started{false}, done{false};
   std::thread leaser([&] {
     while (!done) {
-      ArenaLease l = Arena::global().lease(0, 1);
+      ArenaLease l = Arena::global().lease(0);
       started = true;
     }
   });

@@ -137,6 +137,69 @@ TEST(BudgetLedger, WaitPolicyProceedsWhenALeaseIsReturned) {
   EXPECT_EQ(g.plan.num_workers, 6);
 }
 
+// Proves: threads reserved while they stop (a pool a fork stops and spindle
+// restarts) are pending for every loader, this process's included, until the
+// reservation is given back; available() counts every lease but that one.
+TEST(BudgetLedger, StoppingThreadsStayReservedUntilReleased) {
+  TablePath path;
+  BudgetLedger ledger(path.str());
+  LedgerLease pool = ledger.reserve_stopping(3);
+  EXPECT_EQ(pending_in_table(ledger), 3);
+  // The pool's threads are down now: /proc (the fake budget) shows 10 free, 3 of them theirs.
+  auto g = ledger.acquire(10, BudgetPolicy::kShrink, 0ms, fixed_budget(10));
+  EXPECT_EQ(g.plan.num_workers, 7) << "the loader left the pool's 3 tasks for its restart";
+  EXPECT_EQ(ledger.available(pool, fixed_budget(10)), 3) << "10 free less the loader's 7 pending";
+  g.lease.started(7);  // the workers exist: the fake /proc now shows 3 free
+  EXPECT_EQ(ledger.available(pool, fixed_budget(3)), 3) << "room for exactly the pool's restart";
+  EXPECT_THROW(ledger.acquire(1, BudgetPolicy::kFail, 0ms, fixed_budget(3)), ThreadBudgetError);
+  pool.reset();  // running again: counted by /proc from here
+  EXPECT_EQ(pending_in_table(ledger), 0);
+  EXPECT_THROW(ledger.reserve_stopping(-1), std::invalid_argument);
+}
+
+// Proves: a reservation is seen by another process's loader (through the table).
+TEST(BudgetLedgerProcesses, StoppingThreadsAreReservedAcrossProcesses) {
+  TablePath path;
+  BudgetLedger ledger(path.str());
+  LedgerLease pool = ledger.reserve_stopping(4);
+  int result[2];
+  ASSERT_EQ(pipe(result), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    BudgetLedger other(path.str());
+    int workers = -1;
+    try {
+      workers = other.acquire(10, BudgetPolicy::kShrink, 0ms, fixed_budget(10)).plan.num_workers;
+    } catch (...) {
+    }
+    (void)!write(result[1], &workers, sizeof(workers));
+    _exit(0);
+  }
+  int workers = 0;
+  ASSERT_EQ(read(result[0], &workers, sizeof(workers)), static_cast<ssize_t>(sizeof(workers)));
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(workers, 6);
+  close(result[0]);
+  close(result[1]);
+}
+
+// Proves: the arena threads of this process's live leases are summed, and a
+// new plan gets at most cpus - 1 less that sum.
+TEST(BudgetLedger, ArenaThreadsOfLiveLeasesStayWithinOneLimit) {
+  TablePath path;
+  BudgetLedger ledger(path.str());
+  auto a = ledger.acquire(2, BudgetPolicy::kFail, 0ms, fixed_budget(100, 4));
+  EXPECT_EQ(a.plan.arena_threads, 3);
+  auto b = ledger.acquire(2, BudgetPolicy::kFail, 0ms, fixed_budget(100, 4));
+  EXPECT_EQ(b.plan.arena_threads, 0) << "cpus - 1 = 3 are held by a";
+  EXPECT_EQ(ledger.local_arena_threads(), 3);
+  a.lease.reset();
+  EXPECT_EQ(ledger.local_arena_threads(), 0);
+  auto c = ledger.acquire(2, BudgetPolicy::kFail, 0ms, fixed_budget(100, 4));
+  EXPECT_EQ(c.plan.arena_threads, 3);
+}
+
 // Proves: the leases of a SIGKILLed process are reclaimed by the next access (pid gone).
 TEST(BudgetLedger, LeasesOfAKilledProcessAreReclaimed) {
   TablePath path;

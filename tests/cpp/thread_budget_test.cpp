@@ -233,6 +233,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, ThreadPlanArithmetic,
                                            PlanCase{kUnlimited, 4, 8, 7},  // unlimited budget
                                            PlanCase{kUnlimited, 64, 2, 1}));
 
+// Proves: arena threads the process's live loaders hold already come off the
+// limit (cpus - 1), never below 0, whatever the budget leaves.
+TEST_F(FakeSystem, PlanKeepsTheArenaWithinOneLimitForTheProcess) {
+  const ThreadBudget b(sources(100));
+  EXPECT_EQ(b.plan(4, 0, 0).arena_threads, 7);
+  EXPECT_EQ(b.plan(4, 0, 5).arena_threads, 2);
+  EXPECT_EQ(b.plan(4, 0, 7).arena_threads, 0);
+  EXPECT_EQ(b.plan(4, 0, 9).arena_threads, 0);
+  EXPECT_EQ(b.plan(4, 92, 5).arena_threads, 2) << "the budget (4 left after the workers) binds first: 2";
+  EXPECT_EQ(b.plan(4, 93, 5).arena_threads, 1);
+  EXPECT_THROW((void)b.plan(4, 0, -1), std::invalid_argument);
+}
+
 // Proves: too many workers give a ThreadBudgetError with the numbers and the binding limit.
 TEST_F(FakeSystem, PlanThrowsWithTheNumbersWhenWorkersExceedBudget) {
   add_process("1", kUid, kUid, 10);

@@ -109,3 +109,63 @@ def test_console_script_is_declared():
 
     with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
         assert tomllib.load(f)["project"]["scripts"] == {"spindle": "spindle.cli:main"}
+
+
+# A loader tree with known threads: the consumer (main, 3 threads named probe_0..2, numpy's OpenBLAS
+# pool) and 2 forked workers of a persistent spindle.DataLoader, one thread each.
+TREE = textwrap.dedent("""
+    import ctypes, json, os, threading, time
+    import numpy as np, spindle
+    np.ones((300, 300)) @ np.ones((300, 300))
+    class Numbers:
+        def __len__(self): return 64
+        def __getitem__(self, i): return np.full(4, i, np.int64)
+    it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=2, persistent_workers=True))
+    next(it)
+    def named(i):
+        ctypes.CDLL(None).prctl(15, f"probe_{i}".encode(), 0, 0, 0)
+        time.sleep(600)
+    for i in range(3):
+        threading.Thread(target=named, args=(i,), daemon=True).start()
+    time.sleep(0.2)
+    print(json.dumps({"workers": it.worker_pids, "arena": it.plan.arena_threads}), flush=True)
+    time.sleep(600)  # killed by the test; doctor reads every process of the uid, slow on a loaded machine
+""")
+
+
+def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
+    """Proves: on a spindle loader tree, `spindle doctor --json` (all processes of the uid) lists the consumer
+    and each worker with the thread counts of /proc, groups the consumer's threads by runtime (Python threads
+    by name prefix, OpenBLAS), marks the workers as spindle workers of that consumer, and shows the
+    consumer's live lease: 2 workers started, its arena threads pending."""
+    ledger = f"/dev/shm/spindle-ledger-doctor.{os.getpid()}.{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["SPINDLE_LEDGER_PATH"] = ledger
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        tree = json.loads(proc.stdout.readline())
+        out = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--json"], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        by_pid = {p["pid"]: p for p in report["processes"]}
+        consumer = by_pid[proc.pid]
+        assert consumer["threads"] == len(os.listdir(f"/proc/{proc.pid}/task")) == 1 + 3 + (CPUS - 1)
+        assert not consumer["spindle_worker"] and "spindle" in consumer["runtimes_loaded"]
+        groups = {g["runtime"]: g for g in consumer["groups"]}
+        assert groups["Python threads"]["names"] == {"probe": 3}
+        assert groups["main thread"]["count"] == 1
+        if CPUS > 1:
+            assert groups["OpenBLAS"]["count"] == CPUS - 1, "restarted after the forks"
+        assert sum(g["count"] for g in consumer["groups"]) == consumer["threads"]
+        for w in tree["workers"]:
+            worker = by_pid[w]
+            assert (worker["ppid"], worker["spindle_worker"]) == (proc.pid, True), worker
+            assert worker["threads"] == len(os.listdir(f"/proc/{w}/task")) == 1, worker
+        leases = [e for e in report["leases"]["entries"] if e["pid"] == proc.pid]
+        assert [(e["alive"], e["tasks"], e["pending"]) for e in leases] == [(True, 2 + tree["arena"], tree["arena"])]
+    finally:
+        proc.kill()
+        proc.wait()
+        if os.path.lexists(ledger):
+            os.unlink(ledger)

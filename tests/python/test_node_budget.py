@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,6 +176,141 @@ def test_fail_and_wait_policies_as_documented():
     assert r["wait_ok"]["seconds"] >= 0.4, r
 
 
+# (A) a consumer with numpy's OpenBLAS pool running (2 threads at 2 CPUs) enters spindle's fork
+# block and forks, which stops the pool; while it is stopped, (B), another process of the uid,
+# starts a loader asking for more workers than are free; then A leaves the block (the pool is
+# restarted). The launcher is the script run_limited runs.
+POOL_OWNER = r"""
+import json, os, sys, time, warnings
+import numpy as np, threadpoolctl
+from spindle import _caps, _forking
+root = sys.argv[1]
+(blas,) = [lib for lib in threadpoolctl.ThreadpoolController().lib_controllers if lib.internal_api == "openblas"]
+np.ones((256, 256)) @ np.ones((256, 256))
+out = {"count_before": blas.get_num_threads(), "threads_before": len(os.listdir("/proc/self/task"))}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with _forking.forking():
+        pid = os.fork()  # as a loader's worker would be; OpenBLAS's fork handler stops the pool here
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        out["threads_stopped"] = len(os.listdir("/proc/self/task"))
+        open(os.path.join(root, "stopped"), "w").close()
+        while not os.path.exists(os.path.join(root, "loaded")):
+            time.sleep(0.001)
+    np.ones((256, 256)) @ np.ones((256, 256))
+out["count_after"] = blas.get_num_threads()
+out["threads_after"] = len(os.listdir("/proc/self/task"))
+out["warnings"] = [str(w.message) for w in caught]
+print(json.dumps(out))
+"""
+
+LOADER_BESIDE = r"""
+import json, os, sys, time, warnings
+import numpy as np, spindle
+root = sys.argv[1]
+class Numbers:
+    def __len__(self): return 64
+    def __getitem__(self, i): return np.full(4, i, np.int64)
+while not os.path.exists(os.path.join(root, "stopped")):
+    time.sleep(0.001)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=8))
+    open(os.path.join(root, "loaded"), "w").close()
+    samples = sum(len(b) for b in it)
+print(json.dumps({"workers": it.plan.num_workers, "arena": it.plan.arena_threads, "samples": samples,
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+POOL_LAUNCHER = r"""
+import json, os, subprocess, sys, tempfile
+root = tempfile.mkdtemp(prefix="spindle-pool-")
+for name, text in (("owner.py", POOL_OWNER), ("beside.py", LOADER_BESIDE)):
+    open(os.path.join(root, name), "w").write(text)
+owner = subprocess.Popen([sys.executable, os.path.join(root, "owner.py"), root], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                                 if k != "OPENBLAS_NUM_THREADS"})
+beside = subprocess.Popen([sys.executable, os.path.join(root, "beside.py"), root], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+out = []
+for p in (owner, beside):
+    stdout, stderr = p.communicate(timeout=120)
+    out.append({"rc": p.returncode, "stdout": stdout, "stderr": stderr})
+print(json.dumps(out))
+"""
+
+
+@unprivileged
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="numpy's OpenBLAS runs no pool on 1 CPU")
+def test_the_consumers_blas_pool_keeps_its_room_while_forks_stop_it():
+    """Proves: the consumer's OpenBLAS pool thread, stopped by spindle's fork and restarted after it, is in
+    a ledger lease meanwhile: another process's loader started in that window (asking 8 workers, 6 tasks
+    free in /proc) is granted 5 and leaves the 6th to the pool, which restarts (2 threads, no warning)."""
+    from unprivileged import run_limited
+    site = str(Path(np.__file__).resolve().parents[1])  # numpy with OpenBLAS (pthreads) and threadpoolctl
+    launcher = f"POOL_OWNER = {POOL_OWNER!r}\nLOADER_BESIDE = {LOADER_BESIDE!r}\n" + POOL_LAUNCHER
+    # The launcher's own thread is run_limited's +1; the owner runs 2 threads, the other process 1: 3,
+    # and 5 more, so 6 are free once the owner's pool thread stops.
+    done = run_limited(launcher, headroom=3 + 5, timeout=180, extra_path=(site,))
+    assert done.returncode == 0, done.stderr
+    owner, beside = json.loads(done.stdout.strip().splitlines()[-1])
+    assert owner["rc"] == 0 and beside["rc"] == 0, (owner["stderr"], beside["stderr"])
+    o, b = json.loads(owner["stdout"].strip().splitlines()[-1]), json.loads(beside["stdout"].strip().splitlines()[-1])
+    assert (o["count_before"], o["threads_before"], o["threads_stopped"]) == (2, 2, 1), o
+    assert (b["workers"], b["arena"], b["samples"]) == (5, 0, 64), b
+    assert any("8 workers asked, 5 started" in w for w in b["warnings"]), b
+    assert (o["count_after"], o["threads_after"]) == (2, 2), o
+    assert not any("kept numpy's OpenBLAS at 1 thread" in w for w in o["warnings"]), o
+
+
+def test_a_forked_helper_holds_a_lease_until_reaped(ledger_path):
+    """Proves: call_in_fork's helper process (grain's checkpoint state) holds a lease of one task, started once
+    forked, and gives it back when reaped."""
+    import threading
+
+    from spindle import _forking
+    box = {}
+    t = threading.Thread(target=lambda: box.update(value=_forking.call_in_fork(lambda: time.sleep(1.0) or 7)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not box and time.monotonic() < deadline:
+        mine = [e for e in _core.ledger_leases() if e["pid"] == os.getpid()]
+        if mine:
+            box.setdefault("seen", mine)
+            break
+        time.sleep(0.01)
+    t.join()
+    assert box["value"] == 7
+    assert [(e["tasks"], e["pending"]) for e in box["seen"]] in ([(1, 0)], [(1, 1)]), box
+    assert _core.ledger_leases() == []
+
+
+@unprivileged
+def test_a_forked_helper_without_room_waits_then_raises_the_budget_error():
+    """Proves: with no task free, call_in_fork does not fork (no BlockingIOError from a failed fork): it waits
+    for its lease, then raises ThreadBudgetError with the numbers."""
+    from unprivileged import run_limited
+    script = textwrap.dedent("""
+        import json, time
+        from spindle import _forking, ThreadBudgetError
+        _forking.HELPER_WAIT_S = 0.3
+        t0 = time.monotonic()
+        try:
+            _forking.call_in_fork(lambda: 1)
+            print(json.dumps({"error": None}))
+        except BaseException as e:
+            print(json.dumps({"error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}))
+    """)
+    done = run_limited(script, headroom=0, timeout=60)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["error"] == "ThreadBudgetError", r
+    assert "RLIMIT_NPROC soft=" in r["message"] and 'policy "wait"' in r["message"], r
+    assert r["seconds"] >= 0.3, r
+
+
 HOLDER = r'''
 import sys, numpy as np, spindle
 class Numbers:
@@ -205,6 +341,39 @@ def test_leases_of_a_sigkilled_process_are_reclaimed_by_the_next_loader(ledger_p
     assert [e["pid"] for e in _core.ledger_leases()] == [os.getpid()]
     assert sum(len(b) for b in it) == 64
     assert _core.ledger_leases() == []
+
+
+def test_train_and_eval_loaders_share_one_arena_and_close_returns_their_leases_at_once(ledger_path):
+    """Proves: a train and an eval loader in one process each hold one lease; together they are granted at most
+    cpus - 1 arena threads (the arena runs exactly their sum, the ledger holds exactly that pending); closing
+    one gives its lease and its arena share back at once, while the other keeps loading."""
+    cpus = len(os.sched_getaffinity(0))
+    train = spindle.DataLoader(Numbers(64), batch_size=4, num_workers=2, persistent_workers=True)
+    evaluation = spindle.DataLoader(Numbers(32), batch_size=4, num_workers=1, persistent_workers=True)
+    t, e = iter(train), iter(evaluation)
+    next(t), next(e)
+    mine = lambda: sorted((x["tasks"], x["pending"]) for x in _core.ledger_leases() if x["pid"] == os.getpid())
+    arena = t.plan.arena_threads + e.plan.arena_threads
+    assert arena <= max(0, cpus - 1), (t.plan.arena_threads, e.plan.arena_threads)
+    assert _core.arena_extra_threads() == arena
+    assert mine() == sorted([(2 + t.plan.arena_threads, t.plan.arena_threads),
+                             (1 + e.plan.arena_threads, e.plan.arena_threads)])
+    evaluation.close()
+    assert mine() == [(2 + t.plan.arena_threads, t.plan.arena_threads)]
+    assert _core.arena_extra_threads() == t.plan.arena_threads
+    assert 4 + sum(len(b) for b in t) == 64
+    train.close()
+    assert mine() == [] and _core.arena_extra_threads() == 0
+
+
+def test_an_iterator_closed_early_returns_its_leases_at_once(ledger_path):
+    """Proves: close() on an iterator in mid-epoch gives its loader's leases back before the object goes."""
+    it = iter(spindle.DataLoader(Numbers(64), batch_size=4, num_workers=2))
+    next(it)
+    assert [x["pid"] for x in _core.ledger_leases()] == [os.getpid()]
+    it.close()
+    assert _core.ledger_leases() == [] and _core.arena_extra_threads() == 0
+    del it
 
 
 @pytest.mark.parametrize("damage", ["random bytes", "truncated", "empty"])

@@ -163,8 +163,9 @@ def test_a_failing_worker_init_fn_reaches_the_consumer_as_its_exception():
 
 
 def test_the_consumers_blas_pool_is_not_restarted_without_room(monkeypatch):
-    """Proves: after forking, the consumer's OpenBLAS count is put back only if the thread budget
-    has room for the threads that starts; else it stays at 1 with one warning naming the numbers."""
+    """Proves: after forking, the consumer's OpenBLAS count is put back only if the budget, less every
+    lease but its pool's, has room for the threads that starts; else it stays at 1 with one warning
+    naming the numbers."""
     import warnings
 
     from spindle import _caps, _core
@@ -176,17 +177,15 @@ def test_the_consumers_blas_pool_is_not_restarted_without_room(monkeypatch):
         def set_num_threads(self, n):
             self.calls.append(n)
 
-    class Budget:
-        def __init__(self, room):
-            self.budget = room
-
-    roomy, tight = Lib(), Lib()
-    monkeypatch.setattr(_core, "ThreadBudget", lambda: Budget(None))  # unlimited (root): restore
-    _caps._restore_if_room(roomy, 8)
-    monkeypatch.setattr(_core, "ThreadBudget", lambda: Budget(3))     # 3 tasks left: 7 threads do not fit
+    roomy, tight, pool = Lib(), Lib(), object()
+    asked = []
+    monkeypatch.setattr(_core, "ledger_available", lambda lease: asked.append(lease))  # None: unlimited (root)
+    _caps._restore_if_room(roomy, 8, pool)
+    assert asked == [pool], "the room is asked for the pool's own lease"
+    monkeypatch.setattr(_core, "ledger_available", lambda lease: 3)  # 3 tasks left: 7 threads do not fit
     monkeypatch.setattr(_caps, "_warned_kept_capped", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _caps._restore_if_room(tight, 8)
+        _caps._restore_if_room(tight, 8, pool)
     assert roomy.calls == [8] and tight.calls == []
     assert any("start 7 more with only 3 tasks of headroom" in str(w.message) for w in caught)

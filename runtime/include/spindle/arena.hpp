@@ -5,12 +5,15 @@
 // runtime can start a pool of its own.
 //
 // The size comes from leases, not from whichever loader was built last: each
-// live loader holds an ArenaLease for the extra threads its ThreadPlan
-// granted, and the arena runs the sum of the live leases, capped by the
-// smallest limit any of them carries (ThreadPlan::arena_limit, cpus - 1). So
-// a train and an eval loader in one process each keep their share while both
-// live, and dropping a lease gives its share back. The cap itself is the
-// plan's (ThreadBudget's) fact; the arena only sums and applies it.
+// live loader holds one ArenaLease, and the arena runs the sum of the live
+// leases. What a loader's lease holds is decided where its tasks are granted
+// (BudgetLedger::acquire, under the ledger's lock): its ThreadPlan's
+// arena_threads, which the plan keeps within cpus − 1 less what the process's
+// other live loaders hold, plus, in threads mode, one thread per worker (the
+// workers are arena threads). So every arena thread belongs to exactly one
+// lease in the ledger, a train and an eval loader in one process together
+// never run more copy-out threads than one loader could, and a closed loader
+// gives its share back at once (Loader::close).
 //
 // While any lease lives, TBB is capped process-wide at that size plus the
 // calling thread (tbb::global_control), also at 0 extra threads, so no other
@@ -83,17 +86,12 @@ class Arena {
   static Arena& global();
 
   // Adds `extra_threads` (beyond the calling thread; negative counts as 0) to
-  // the arena for the lease's lifetime; the arena never runs more than
-  // `limit` extra threads in all, the smallest limit of the live leases
-  // (pass ThreadPlan::arena_limit). Installs the process-wide TBB cap at once.
-  // A running parallel call keeps the arena it started in; the new size takes
-  // effect for the next call.
-  [[nodiscard]] ArenaLease lease(int extra_threads, int limit);
-  // Adds `threads` for a loader's workers in threads mode (Loader with
-  // ArenaThreads): counted in full, on top of the capped sum above, since
-  // they replace worker processes the budget already counted.
-  [[nodiscard]] ArenaLease lease_workers(int threads);
-  // Extra threads the arena runs now: the capped sum of the live leases.
+  // the arena for the lease's lifetime (take them from a ThreadPlan: the
+  // arena does not check them against the budget). Installs the
+  // process-wide TBB cap at once. A running parallel call keeps the arena it
+  // started in; the new size takes effect for the next call.
+  [[nodiscard]] ArenaLease lease(int extra_threads);
+  // Extra threads the arena runs now: the sum of the live leases.
   int extra_threads() const noexcept;
 
   // Splits [0, n) into chunks and runs body(begin, end) across the arena.
@@ -111,7 +109,6 @@ class Arena {
  private:
   friend class ArenaLease;
   Arena() = default;
-  ArenaLease take(int extra_threads, int limit, bool workers);
   void release(const ArenaLease& lease) noexcept;
 };
 

@@ -140,7 +140,8 @@ class BudgetLedger {
   BudgetLedger(const BudgetLedger&) = delete;
   BudgetLedger& operator=(const BudgetLedger&) = delete;
 
-  // Grants `num_workers` workers (+ the arena threads the plan allows) out of
+  // Grants `num_workers` workers (+ the arena threads the plan allows, within
+  // cpus − 1 less local_arena_threads()) out of
   // read_budget().budget() minus every live lease's pending tasks, following
   // `policy` when short. `timeout` bounds kWait (0: no bound). While waiting,
   // `poll` is called between attempts instead of sleeping kPollPeriod: it paces
@@ -150,12 +151,29 @@ class BudgetLedger {
                       const std::function<ThreadBudget()>& read_budget,
                       const std::function<void()>& poll = {});
 
+  // Threads of this process that run now and are about to be stopped and
+  // started again by something spindle does (numpy's OpenBLAS pool, which
+  // its fork handler stops at each of spindle's forks and which is restarted
+  // after them): a lease of `tasks`, pending from now until it is given
+  // back, so that no loader of this uid (this process's included) takes
+  // their tasks while they are down. Granted without a check: until they
+  // stop, /proc counts them, and counting them twice is the safe side. Give
+  // it back once they run again (or will not be restarted).
+  [[nodiscard]] LedgerLease reserve_stopping(int64_t tasks);
+  // Tasks free now for the threads `excluding` holds (pass its lease): the
+  // live budget less every other live lease's pending tasks, read under the
+  // table's lock as acquire() reads it.
+  int64_t available(const LedgerLease& excluding, const std::function<ThreadBudget()>& read_budget = {});
+
   // The live leases in the node table (dead ones reclaimed first) or, if it is
   // not usable, this process's.
   std::vector<LeaseInfo> leases();
   LedgerStatus status();
   // Σ pending of this process's live leases.
   int64_t local_pending();
+  // Σ arena threads (plan.arena_threads) of this process's live leases: what
+  // a new plan's arena_threads is kept below arena_limit by.
+  int local_arena_threads();
 
   // The default table path for this uid: /dev/shm/spindle-ledger.<uid>.
   static std::string default_path();

@@ -172,7 +172,8 @@ class Loader {
   void reset_streams(int first_worker = 0, std::vector<std::string> messages = {});
   // Stops and reaps the workers: idle ones exit at once, busy ones get
   // `grace` to finish their batch before SIGKILL. Delivered batches stay
-  // valid. Idempotent and safe from any thread: a next() waiting elsewhere
+  // valid. The loader's leases (ledger and arena) are given back before it
+  // returns. Idempotent and safe from any thread: a next() waiting elsewhere
   // returns nullopt at once.
   void close(std::chrono::milliseconds grace = std::chrono::milliseconds(1000)) noexcept;
   bool closed() const noexcept { return closing_.load(std::memory_order_acquire); }
@@ -208,10 +209,12 @@ class Loader {
 
   LoaderOptions options_;
   ThreadPlan plan_;
-  ArenaLease arena_lease_;   // plan_.arena_threads, held while the loader lives
-  ArenaLease worker_lease_;  // threads mode: the worker threads
+  // Its share of the arena: plan_.arena_threads (+ the workers in threads
+  // mode); given back by close().
+  ArenaLease arena_lease_;
   // This loader's share of the node's budget: pending until the workers are
-  // forked, then only the arena threads; given back once the workers are reaped.
+  // forked, then only the arena threads; given back by close(), once the
+  // workers are reaped.
   LedgerLease ledger_lease_;
   int requested_workers_ = 0;
   std::string budget_note_;

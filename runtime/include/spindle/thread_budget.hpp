@@ -33,10 +33,14 @@ inline constexpr int64_t kUnlimited = INT64_MAX;
 
 struct ThreadPlan {
   int num_workers = 0;     // worker processes, one thread each
-  int arena_threads = 0;   // extra TBB threads in the consumer (0: caller only)
-  // The most extra threads the process's one arena may run for all its
-  // loaders together (cpus - 1): the arena sums the live loaders'
-  // arena_threads and caps the sum here (arena.hpp).
+  // Extra TBB threads this loader adds to the process's one arena (0: the
+  // caller only): what the budget leaves after the workers and kReserve, and
+  // no more than arena_limit less what the process's live loaders already
+  // hold, so that all of them together never exceed arena_limit.
+  int arena_threads = 0;
+  // The most extra threads the process's one arena runs for copy-out and
+  // native ops, for all its loaders together: cpus - 1 (the calling thread is
+  // the last slot). Threads-mode workers are counted apart (arena.hpp).
   int arena_limit = 0;
   int64_t budget = 0;      // the budget the plan was cut from
 };
@@ -66,10 +70,12 @@ class ThreadBudget {
   // cap, which is per loader): min(nproc − pending, cgroup − pending, cap).
   int64_t budget(int64_t pending) const noexcept;
 
-  // Cuts a plan for `num_workers` workers out of budget(pending). Throws
-  // ThreadBudgetError, with all the numbers and what to change, when the
-  // workers do not fit.
-  ThreadPlan plan(int num_workers, int64_t pending = 0) const;
+  // Cuts a plan for `num_workers` workers out of budget(pending), with
+  // arena_threads = clamp(budget(pending) − workers − kReserve, 0,
+  // arena_limit − arena_held), where `arena_held` is the arena threads the
+  // process's live loaders hold already. Throws ThreadBudgetError, with all
+  // the numbers and what to change, when the workers do not fit.
+  ThreadPlan plan(int num_workers, int64_t pending = 0, int arena_held = 0) const;
 
   // One line with every number, for errors and logs.
   std::string describe() const;
