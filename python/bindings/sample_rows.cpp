@@ -96,6 +96,7 @@ bool SampleRows::leaf(PyObject* value, std::size_t f, std::size_t sample, Gather
       if (eq != 1) return false;
     }
     out.rows[at] = reinterpret_cast<const std::byte*>(a->data);
+    out.arrays.push_back(py::reinterpret_borrow<py::object>(value));
     return true;
   }
   std::byte* scalar = out.scalars[at].data();
@@ -164,13 +165,12 @@ bool SampleRows::gather(const py::list& samples, Gathered& out) const {
   const std::size_t count = samples.size(), fields = fields_.size();
   out.rows.assign(count * fields, nullptr);
   out.scalars.resize(count * fields);
+  out.arrays.reserve(count * fields);
   out.views.reserve(count * buffer_fields_);  // never moves: each view is released where it is
   for (std::size_t s = 0; s < count; ++s) {
     std::size_t node = 0, field = 0;
     if (!walk(PyList_GET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(s)), node, field, s, out)) {
-      for (Py_buffer& v : out.views) PyBuffer_Release(&v);
-      out.views.clear();
-      return false;
+      return false;  // `out` lets go of what it holds when destroyed
     }
   }
   return true;

@@ -37,12 +37,14 @@ class SampleRows {
              const pybind11::list& scalar_types);
 
   // Rows (sample-major: rows[r * fields + f]) of `samples` into `out`, with
-  // scalars converted into `scalars` and buffers held in `views` (release
-  // them after copying). False, with nothing held, if any sample is not one
-  // this walk takes. Needs the GIL.
+  // scalars converted into `scalars`, and a reference to every array (and a
+  // buffer view of every numpy scalar) held until `out` is destroyed, so the
+  // copy may run without the GIL. False if any sample is not one this walk
+  // takes. Needs the GIL, also to destroy `out`.
   struct Gathered {
     std::vector<const std::byte*> rows;
     std::vector<std::array<std::byte, 8>> scalars;
+    std::vector<pybind11::object> arrays;
     std::vector<Py_buffer> views;
     ~Gathered();
   };

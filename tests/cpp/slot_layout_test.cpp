@@ -118,7 +118,7 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
   LoaderOptions o;
   o.num_workers = 1;
   o.batch_capacity = 4;
-  constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+  static constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
   auto body = [](WorkerContext& ctx) {
     SlotLayout layout({{"<f4", {kWidth}}, {"<i8", {}}}, 4);
     while (auto item = ctx.claim()) {
@@ -143,7 +143,8 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
     }
     return 0;
   };
-  Loader loader(o, {{0, 1, 2, 3}, {4, 5, 6, 7}}, body);
+  const std::vector<std::vector<int64_t>> batches{{0, 1, 2, 3}, {4, 5, 6, 7}};
+  Loader loader(o, batches, body);
   std::size_t seen = 0;
   while (auto b = loader.next()) {
     ASSERT_EQ(b->kind(), PayloadKind::kArrays);
