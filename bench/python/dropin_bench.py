@@ -13,6 +13,12 @@ dataset in the same run. Time to first batch (``iter()`` + first ``next()``,
 fresh workers) compares spindle.torch with torch at 2 and 16 workers. Imports
 are done before any clock starts. Rounds alternate the loaders; medians are
 reported.
+
+Beside the rates, CPU time per sample (the workers' from /proc, the consumer's
+own) against one process's CPU time per ``dataset[i]``: on 2 cores shared with
+other work the rates move with the load, the CPU time per sample much less; its
+ratio is what a worker spends beyond ``dataset[i]`` (the copy into the slot,
+the loader's own work).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import machine_info, write_results
+from machine import load_average, machine_info, write_results
 
 SHAPE = (64, 64, 3)
 BATCH = 256
@@ -47,28 +54,53 @@ class Pairs:
         return np.full(SHAPE, i % 251, np.uint8), i
 
 
-def dataset_rate(ds: Pairs, passes: int = 5) -> float:
-    """One process's rate of dataset[i] (samples/s), the best of `passes` passes."""
-    best = 0.0
+def dataset_rate(ds: Pairs, passes: int = 5) -> tuple[float, float]:
+    """One process's rate of dataset[i] (samples/s) and its CPU seconds per sample, the best of `passes` passes."""
+    best, cpu = 0.0, float("inf")
     n = len(ds)
     for _ in range(passes):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for i in range(n):
             ds[i]
         best = max(best, n / (time.perf_counter() - start))
-    return best
+        cpu = min(cpu, (time.process_time() - start_cpu) / n)
+    return best, cpu
 
 
-def steady_rate(loader) -> float:
-    """Samples/s of one epoch after its first batch."""
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time of these processes' threads so far, in ns resolution (/proc/<pid>/task/*/schedstat;
+    /proc/<pid>/stat counts 10 ms ticks, too coarse for an epoch of a fast loader)."""
+    total = 0
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except FileNotFoundError:  # a thread that just ended
+                pass
+    return total / 1e9
+
+
+def _worker_pids(it) -> list[int]:
+    pids = getattr(it, "worker_pids", None)
+    return list(pids) if pids is not None else [w.pid for w in it._workers]
+
+
+def steady_rate(loader) -> tuple[float, float, float]:
+    """Samples/s of one epoch after its first batch, and the workers' and the consumer's
+    CPU seconds per sample over the same stretch."""
     it = iter(loader)
     first = next(it)
+    pids = _worker_pids(it)
     samples = 0
+    workers_cpu, consumer_cpu = _cpu_seconds(pids), time.process_time()
     start = time.perf_counter()
     for batch in it:
         samples += len(batch[1])
+    seconds = time.perf_counter() - start
+    workers_cpu, consumer_cpu = _cpu_seconds(pids) - workers_cpu, time.process_time() - consumer_cpu
     del first
-    return samples / (time.perf_counter() - start)
+    return samples / seconds, workers_cpu / samples, consumer_cpu / samples
 
 
 def first_batch_seconds(make) -> float:
@@ -93,10 +125,12 @@ def main() -> int:
     import spindle
     import spindle.torch
 
+    load_at_start = load_average()
     ds = Pairs(args.samples)
-    one = dataset_rate(ds)
+    one, one_cpu = dataset_rate(ds)
     limit = 2 * one
-    print(f"one process's rate of dataset[i]: {one:,.0f} samples/s; limit for 2 workers {limit:,.0f}", flush=True)
+    print(f"one process's rate of dataset[i]: {one:,.0f} samples/s ({one_cpu * 1e9:.0f} ns CPU each); "
+          f"limit for 2 workers {limit:,.0f}", flush=True)
     fronts = {
         "spindle.DataLoader": spindle.DataLoader(ds, BATCH, num_workers=2, persistent_workers=True),
         "spindle.torch.DataLoader": spindle.torch.DataLoader(ds, BATCH, num_workers=2, persistent_workers=True),
@@ -104,12 +138,16 @@ def main() -> int:
                                                                    persistent_workers=True),
     }
     rates: dict[str, list[float]] = {name: [] for name in fronts}
+    cpu: dict[str, dict[str, list[float]]] = {name: {"workers": [], "consumer": []} for name in fronts}
     for name, loader in fronts.items():  # warm-up: forks the persistent workers
         steady_rate(loader)
     for r in range(args.rounds):
         for name, loader in fronts.items():
             gc.collect()
-            rates[name].append(steady_rate(loader))
+            rate, workers_cpu, consumer_cpu = steady_rate(loader)
+            rates[name].append(rate)
+            cpu[name]["workers"].append(workers_cpu)
+            cpu[name]["consumer"].append(consumer_cpu)
         print(f"round {r}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in rates.items()), flush=True)
     for loader in fronts.values():
         close = getattr(loader, "close", None)
@@ -131,15 +169,29 @@ def main() -> int:
         print(f"first batch, {workers} workers: " +
               ", ".join(f"{n} {statistics.median(v) * 1e3:.0f} ms" for n, v in times.items()), flush=True)
 
-    summary = {name: {"median_samples_per_s": statistics.median(v), "fraction_of_limit": statistics.median(v) / limit,
-                      "vs_torch": statistics.median(v) / statistics.median(rates["torch.utils.data.DataLoader"])}
-               for name, v in rates.items()}
+    summary = {}
+    for name, v in rates.items():
+        workers_cpu = statistics.median(cpu[name]["workers"])
+        consumer_cpu = statistics.median(cpu[name]["consumer"])
+        summary[name] = {
+            "median_samples_per_s": statistics.median(v), "fraction_of_limit": statistics.median(v) / limit,
+            "vs_torch": statistics.median(v) / statistics.median(rates["torch.utils.data.DataLoader"]),
+            "worker_cpu_ns_per_sample": workers_cpu * 1e9, "consumer_cpu_ns_per_sample": consumer_cpu * 1e9,
+            # dataset[i]'s share of all CPU time the loader spends per sample: the fraction of the
+            # limit it would reach with its processes alone on the cores
+            "dataset_share_of_cpu": one_cpu / (workers_cpu + consumer_cpu)}
     for name, s in summary.items():
         print(f"{name:28} {s['median_samples_per_s']:12,.0f} samples/s  {100 * s['fraction_of_limit']:5.1f}% of the "
-              f"2-worker limit  {s['vs_torch']:5.2f}x torch", flush=True)
+              f"2-worker limit  {s['vs_torch']:5.2f}x torch  CPU/sample: workers {s['worker_cpu_ns_per_sample']:5.0f} ns, "
+              f"consumer {s['consumer_cpu_ns_per_sample']:4.0f} ns (dataset[i] {one_cpu * 1e9:.0f} ns: "
+              f"{100 * s['dataset_share_of_cpu']:.0f}%)", flush=True)
+    load_at_end = load_average()
+    print(f"load average: {load_at_start} at start, {load_at_end} at the end", flush=True)
     write_results(Path(args.out).stem, {"machine": machine_info(), "workload": f"(uint8 {SHAPE}, int), batch {BATCH}, 2 workers",
-                             "one_process_rate": one, "limit_2_workers": limit, "rates": rates, "summary": summary,
-                             "first_batch_seconds": ttfb})
+                             "one_process_rate": one, "one_process_cpu_ns_per_sample": one_cpu * 1e9,
+                             "limit_2_workers": limit, "rates": rates, "cpu_seconds_per_sample": cpu,
+                             "summary": summary, "first_batch_seconds": ttfb,
+                             "load_average": {"start": load_at_start, "end": load_at_end}})
     return 0
 
 

@@ -13,6 +13,7 @@
 #include <spindle/ring_copy.hpp>
 
 #include "register.hpp"
+#include "sample_rows.hpp"
 
 namespace py = pybind11;
 
@@ -161,6 +162,12 @@ void register_loader(py::module_& m) {
       })
       .def_static("dtype_itemsize", &SlotLayout::dtype_itemsize, py::arg("dtype"));
 
+  py::class_<SampleRows>(m, "SampleRows",
+                         "One batch structure compiled for WorkerContext.put_samples: the walk over a sample "
+                         "(containers, then leaves as fields in order), the slot layout and the structure bytes.")
+      .def(py::init<const py::list&, SlotLayout, py::bytes, const py::list&>(), py::arg("walk"), py::arg("layout"),
+           py::arg("structure"), py::arg("scalar_types"));
+
   py::class_<Batch>(m, "Lease", py::buffer_protocol(),
                     "A delivered batch: its bytes stay valid, and its ring slot reserved, while this "
                     "object or any buffer made from it lives.")
@@ -249,6 +256,39 @@ void register_loader(py::module_& m) {
            py::arg("item"), py::arg("layout"), py::arg("structure"),
            "Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity "
            "array per field, viewing the slot: write rows 0..count-1, then commit.")
+      .def("read_samples",
+           [](WorkerContext& ctx, const WorkItem& item, py::handle dataset) {
+             // dataset[i] for each index, as a Python loop would call it, with
+             // the crash record naming the sample being read.
+             const std::size_t n = item.indices.size();
+             py::list samples(n), indices(n);
+             for (std::size_t i = 0; i < n; ++i) {
+               const int64_t index = item.indices[i];
+               ctx.set_sample(index);
+               PyObject* key = PyLong_FromLongLong(index);
+               if (key == nullptr) throw py::error_already_set();
+               PyList_SET_ITEM(indices.ptr(), static_cast<Py_ssize_t>(i), key);  // the list owns it
+               PyObject* sample = PyObject_GetItem(dataset.ptr(), key);
+               if (sample == nullptr) throw py::error_already_set();
+               PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample);
+             }
+             return py::make_tuple(std::move(samples), std::move(indices));
+           },
+           py::arg("item"), py::arg("dataset"),
+           "([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it "
+           "is read; an exception from dataset[i] propagates as it is (the record still names i).")
+      .def("put_samples",
+           [](WorkerContext& ctx, WorkItem& item, const SampleRows& rows, const py::list& samples) {
+             SampleRows::Gathered gathered;  // released after the copy, with the GIL
+             if (!rows.gather(samples, gathered)) return false;
+             py::gil_scoped_release release;  // may reserve memory (fallocate)
+             ctx.put_rows(item, rows.layout(), rows.structure(), gathered.rows);
+             return true;
+           },
+           py::arg("item"), py::arg("rows"), py::arg("samples"),
+           "Writes `samples` as the item's array batch if every one matches `rows` exactly (its containers; "
+           "C-contiguous arrays of each field's dtype and shape; a Python bool/int/float or numpy scalar for a "
+           "0-d field); False, writing nothing, if any does not (the caller's general path then names it).")
       .def("put_bytes",
            [](WorkerContext& ctx, WorkItem& item, const py::buffer& data) {
              py::buffer_info info = data.request();

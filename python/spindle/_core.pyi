@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -125,6 +125,12 @@ class SlotLayout:
     @property
     def offsets(self) -> list[int]:
         ...
+class SampleRows:
+    """
+    One batch structure compiled for WorkerContext.put_samples: the walk over a sample (containers, then leaves as fields in order), the slot layout and the structure bytes.
+    """
+    def __init__(self, walk: list, layout: SlotLayout, structure: bytes, scalar_types: list) -> None:
+        ...
 class Lease:
     """
     A delivered batch: its bytes stay valid, and its ring slot reserved, while this object or any buffer made from it lives.
@@ -226,6 +232,14 @@ class WorkerContext:
     def put_bytes(self, item: WorkItem, data: typing_extensions.Buffer) -> None:
         """
         Stores one byte string (e.g. a pickled batch) as the item's payload.
+        """
+    def put_samples(self, item: WorkItem, rows: SampleRows, samples: list) -> bool:
+        """
+        Writes `samples` as the item's array batch if every one matches `rows` exactly (its containers; C-contiguous arrays of each field's dtype and shape; a Python bool/int/float or numpy scalar for a 0-d field); False, writing nothing, if any does not (the caller's general path then names it).
+        """
+    def read_samples(self, item: WorkItem, dataset: typing.Any) -> tuple[list, list]:
+        """
+        ([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it is read; an exception from dataset[i] propagates as it is (the record still names i).
         """
     def sample_record(self) -> numpy.ndarray:
         """

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._core import SlotLayout, gather_rows
+from ._core import SampleRows, SlotLayout, gather_rows
 
 _SHAREABLE_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
 
@@ -96,6 +96,43 @@ def _describe(tree: Any) -> str:
 _PY_SCALARS = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
 
 
+def _fields(leaves: list, index: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(dtype string, shape) of each leaf of sample `index`; refuses dtypes a slot cannot hold."""
+    for path, leaf in leaves:
+        if leaf.dtype.kind not in _SHAREABLE_KINDS:
+            raise SampleStructureError(
+                f"sample {index}: field {path or '<sample>'} has dtype {leaf.dtype}, which cannot be "
+                "batched in shared memory; use bool, integer, float or complex arrays.", index)
+    return tuple((leaf.dtype.str, leaf.shape) for _, leaf in leaves)
+
+
+def _walk(tree: Any) -> Optional[list[tuple]]:
+    """The structure in preorder, as _core.SampleRows takes it; None if a container is one the
+    C++ walk does not read exactly as _flatten does (a dict subclass, a sequence overriding
+    iteration): such batches always take the Python path."""
+    walk: list[tuple] = []
+
+    def visit(node: Any) -> bool:
+        if node is None:
+            walk.append(("leaf",))
+            return True
+        kind, cls, children = node
+        if kind == "dict":
+            walk.append(("dict", tuple(k for k, _ in children)))
+            return cls is dict and all(visit(c) for _, c in children)
+        base = tuple if issubclass(cls, tuple) else list
+        walk.append(("seq", cls, len(children)))
+        return cls.__iter__ is base.__iter__ and cls.__len__ is base.__len__ and all(visit(c) for c in children)
+
+    return walk if visit(tree) else None
+
+
+def _scalar_type(dtype: str, shape: tuple[int, ...]) -> Any:
+    """The numpy scalar type whose values a 0-d field takes as they are (None for other fields)."""
+    dt = np.dtype(dtype)
+    return dt.type if shape == () and dt.isnative else None
+
+
 class Columns:
     """A batch of samples split into one column (list of leaf values) per field,
     checked to share the first sample's structure, shapes and dtypes."""
@@ -104,13 +141,7 @@ class Columns:
         first = indices[0]
         self.tree, leaves = flatten(samples[0], first)
         self.paths = [path for path, _ in leaves]
-        self.fields = []
-        for path, leaf in leaves:
-            if leaf.dtype.kind not in _SHAREABLE_KINDS:
-                raise SampleStructureError(
-                    f"sample {first}: field {path or '<sample>'} has dtype {leaf.dtype}, which cannot be "
-                    "batched in shared memory; use bool, integer, float or complex arrays.", first)
-            self.fields.append((leaf.dtype.str, leaf.shape))
+        self.fields = list(_fields(leaves, first))
         columns = self._flat_columns(samples)
         if columns is None:
             columns = self._checked_columns(samples, indices, leaves)
@@ -188,31 +219,84 @@ class Columns:
                 dst[row] = value
 
 
+class _Plan:
+    """What a worker needs to write batches of one structure: the runtime's
+    layout, the pickled structure, and its compiled walk (None: the Python path)."""
+
+    __slots__ = ("layout", "structure", "rows")
+
+    def __init__(self, layout: SlotLayout, structure: bytes, rows: Optional[SampleRows]) -> None:
+        self.layout = layout
+        self.structure = structure
+        self.rows = rows
+
+
 class SlotWriter:
-    """Worker side: writes a batch's columns into its ring slot, reusing
-    layouts and pickled structures across batches of the same shape."""
+    """Worker side: writes a batch's samples into its ring slot.
+
+    A batch is described by its first sample (``describe``); per description,
+    once, the runtime lays it out and the walk over a sample is compiled to
+    C++ (``SampleRows``). A batch whose every sample matches goes into the slot
+    in one call (``WorkerContext.put_samples``); any other takes ``Columns``,
+    which checks each sample in Python and names the one that differs.
+    """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._layouts: dict[tuple, SlotLayout] = {}
-        self._structures: dict[Any, bytes] = {}
+        self._plans: dict[tuple, _Plan] = {}
+        self._last: Optional[_Plan] = None  # tried first: batches mostly share one structure
 
-    def write(self, ctx: Any, item: Any, columns: Columns) -> None:
-        key = tuple(columns.fields)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._layouts[key] = SlotLayout([(d, list(s)) for d, s in key], self._capacity)
-        structure = self._structures.get(columns.tree)
-        if structure is None:
-            try:
-                structure = pickle.dumps(columns.tree, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                raise SampleStructureError(
-                    f"the structure of batch {item.batch_id} ({_describe(columns.tree)}) cannot be sent to the "
-                    f"consumer: {exc}. Define the sample's container classes (e.g. namedtuples) at module "
-                    "level.") from exc
-            self._structures[columns.tree] = structure
-        columns.write(ctx.begin_arrays(item, layout, structure))
+    @staticmethod
+    def describe(sample: Any, index: int) -> tuple:
+        """(structure, fields) of a batch whose first sample is `sample`; raises
+        SampleStructureError (or numpy's error) if a slot cannot hold it."""
+        tree, leaves = flatten(sample, index)
+        return tree, _fields(leaves, index)
+
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
+        """The batch into the item's slot; SampleStructureError names a sample that does not fit."""
+        if self.write_as_last(ctx, item, samples):
+            return
+        if not self.write_as(ctx, item, samples, self.describe(samples[0], indices[0])):
+            self.write_columns(ctx, item, Columns(samples, indices))
+
+    def write_as_last(self, ctx: Any, item: Any, samples: list[Any]) -> bool:
+        """The batch in one C++ call if every sample, the first too, matches exactly the
+        structure of the last batch written so (batches mostly share one); False (nothing
+        written) otherwise. Saves describing the first sample."""
+        last = self._last
+        return last is not None and ctx.put_samples(item, last.rows, samples)
+
+    def write_as(self, ctx: Any, item: Any, samples: list[Any], description: tuple) -> bool:
+        """The batch in one C++ call if every sample matches `description` exactly; False
+        (nothing written) otherwise. Call write_as_last first (its structure is not retried)."""
+        plan = self._plans.get(description) or self._plan(item, description)
+        if plan.rows is None or plan is self._last or not ctx.put_samples(item, plan.rows, samples):
+            return False
+        self._last = plan
+        return True
+
+    def write_columns(self, ctx: Any, item: Any, columns: Columns) -> None:
+        """The Python path: `columns` (already checked) into the slot."""
+        description = (columns.tree, tuple(columns.fields))
+        plan = self._plans.get(description) or self._plan(item, description)
+        columns.write(ctx.begin_arrays(item, plan.layout, plan.structure))
+
+    def _plan(self, item: Any, description: tuple) -> _Plan:
+        tree, fields = description
+        try:
+            structure = pickle.dumps(tree, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SampleStructureError(
+                f"the structure of batch {item.batch_id} ({_describe(tree)}) cannot be sent to the "
+                f"consumer: {exc}. Define the sample's container classes (e.g. namedtuples) at module "
+                "level.") from exc
+        layout = SlotLayout([(d, list(s)) for d, s in fields], self._capacity)
+        walk = _walk(tree) if fields else None
+        rows = None if walk is None else SampleRows(walk, layout, structure,
+                                                    [_scalar_type(d, s) for d, s in fields])
+        plan = self._plans[description] = _Plan(layout, structure, rows)
+        return plan
 
 
 class BatchReader:

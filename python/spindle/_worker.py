@@ -70,7 +70,7 @@ class ArrayBatches:
         self._writer = SlotWriter(capacity)
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        self._writer.write(ctx, item, Columns(samples, indices))
+        self._writer.write(ctx, item, samples, indices)
 
 
 class CollatedBatches:
@@ -84,16 +84,27 @@ class CollatedBatches:
         self._writer = SlotWriter(capacity) if zero_copy else None
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        if self._writer is not None:
-            try:
-                columns = Columns(samples, indices)
-            except (SampleStructureError, RuntimeError, TypeError):
-                # Samples the array path cannot lay out (ragged, or a tensor numpy cannot view,
-                # such as a nested tensor): torch's collate decides, and raises torch's error if it must.
-                columns = None
-            if columns is not None:
-                self._writer.write(ctx, item, columns)
+        writer = self._writer
+        if writer is not None:
+            if writer.write_as_last(ctx, item, samples):
                 return
+            # Samples the array path cannot lay out (ragged, or a tensor numpy cannot view,
+            # such as a nested tensor): torch's collate decides, and raises torch's error if it must.
+            laid_out = (SampleStructureError, RuntimeError, TypeError)
+            try:
+                description = writer.describe(samples[0], indices[0])
+            except laid_out:
+                description = None
+            if description is not None:
+                if writer.write_as(ctx, item, samples, description):
+                    return
+                try:
+                    columns = Columns(samples, indices)
+                except laid_out:
+                    columns = None
+                if columns is not None:
+                    writer.write_columns(ctx, item, columns)
+                    return
         ctx.put_bytes(item, pickle.dumps(self._collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
 
 
@@ -110,7 +121,7 @@ class ArrayElements:
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         element = samples[0]
         if _only_arrays(element):
-            self._writer.write(ctx, item, Columns([element], indices))
+            self._writer.write(ctx, item, samples[:1], indices)
         else:
             ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -179,23 +190,20 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     # if this process dies.
     record = ctx.sample_record()
     write = transport.write
+    read = ctx.read_samples
     try:
         while (item := ctx.claim()) is not None:
-            index = -1
             try:
-                batch_indices = item.indices
-                samples = []
-                append = samples.append
-                for index in batch_indices:
-                    record[0] = index
-                    append(dataset[index])
-                index = -1  # from here on, errors name their own sample
-                write(ctx, item, samples, batch_indices)
+                samples, indices = read(item, dataset)
+            except Exception as exc:
+                ctx.fail(item, pack_exception(exc, getattr(exc, "sample_index", int(record[0])), worker_id, MIN_SLOT_BYTES))
+                continue
+            try:
+                write(ctx, item, samples, indices)
                 del samples
                 ctx.commit(item)
-            except Exception as exc:
-                index = getattr(exc, "sample_index", index)
-                ctx.fail(item, pack_exception(exc, index, worker_id, MIN_SLOT_BYTES))
+            except Exception as exc:  # errors from here on name their own sample
+                ctx.fail(item, pack_exception(exc, getattr(exc, "sample_index", -1), worker_id, MIN_SLOT_BYTES))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

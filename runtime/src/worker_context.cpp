@@ -78,6 +78,23 @@ std::span<std::byte> WorkerContext::begin_arrays(WorkItem& item, const SlotLayou
   return out;
 }
 
+void WorkerContext::put_rows(WorkItem& item, const SlotLayout& layout, std::string_view structure,
+                             std::span<const std::byte* const> rows) {
+  const std::size_t fields = layout.num_fields();
+  const std::size_t count = fields == 0 ? 0 : rows.size() / fields;
+  if (count * fields != rows.size() || count > item.indices.size())
+    SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(item.batch_id) + " holds " +
+                                             std::to_string(item.indices.size()) + " samples of " +
+                                             std::to_string(fields) + " fields, but " +
+                                             std::to_string(rows.size()) + " rows were given");
+  std::span<std::byte> out = begin_arrays(item, layout, structure);
+  for (std::size_t f = 0; f < fields; ++f) {
+    const std::size_t row = layout.row_bytes(f);
+    std::byte* dst = out.data() + layout.offset(f);
+    for (std::size_t r = 0; r < count; ++r, dst += row) copy_into_ring(dst, rows[r * fields + f], row);
+  }
+}
+
 void WorkerContext::put_bytes(WorkItem& item, std::span<const std::byte> bytes) {
   std::span<std::byte> out = reserve(item, bytes.size());
   copy_into_ring(out.data(), bytes.data(), bytes.size());

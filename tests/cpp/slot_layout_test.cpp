@@ -110,5 +110,58 @@ TEST(SlotLayout, TypedBatchesOfGrowingSizeArriveIntactThroughALoader) {
     EXPECT_EQ(b.field<float>(0).back(), static_cast<float>(b.indices().back())) << "kept batch " << b.batch_id();
 }
 
+// Proves: put_rows copies row r of field f from rows[r * fields + f] into the
+// layout's blocks (large rows by streaming stores, small ones by memcpy), the
+// count taken from the rows given (a short batch), and refuses a row count that
+// is not whole samples or more samples than the item holds.
+TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
+  LoaderOptions o;
+  o.num_workers = 1;
+  o.batch_capacity = 4;
+  static constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+  auto body = [](WorkerContext& ctx) {
+    SlotLayout layout({{"<f4", {kWidth}}, {"<i8", {}}}, 4);
+    while (auto item = ctx.claim()) {
+      const std::size_t n = item->indices.size() - (item->batch_id == 1 ? 1 : 0);  // batch 1: one row short
+      std::vector<std::vector<float>> values;
+      std::vector<int64_t> ids(n);
+      std::vector<const std::byte*> rows;
+      for (std::size_t i = 0; i < n; ++i) {
+        values.emplace_back(kWidth, static_cast<float>(item->indices[i]) + 0.5f);
+        ids[i] = -item->indices[i];
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        rows.push_back(reinterpret_cast<const std::byte*>(values[i].data()));
+        rows.push_back(reinterpret_cast<const std::byte*>(&ids[i]));
+      }
+      std::vector<const std::byte*> odd(rows.begin(), rows.end() - 1), more(rows);
+      more.insert(more.end(), rows.begin(), rows.end());
+      EXPECT_THROW(ctx.put_rows(*item, layout, "s", odd), std::invalid_argument) << "half a sample";
+      EXPECT_THROW(ctx.put_rows(*item, layout, "s", more), std::invalid_argument) << "more samples than the item";
+      ctx.put_rows(*item, layout, "rows", rows);
+      ctx.commit(*item, static_cast<uint32_t>(n));
+    }
+    return 0;
+  };
+  const std::vector<std::vector<int64_t>> batches{{0, 1, 2, 3}, {4, 5, 6, 7}};
+  Loader loader(o, batches, body);
+  std::size_t seen = 0;
+  while (auto b = loader.next()) {
+    ASSERT_EQ(b->kind(), PayloadKind::kArrays);
+    EXPECT_EQ(b->structure(), "rows");
+    const std::size_t n = b->count();
+    EXPECT_EQ(n, b->batch_id() == 1 ? 3u : 4u);
+    auto values = b->field<float>(0);
+    auto ids = b->field<int64_t>(1);
+    for (std::size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(values[i * kWidth], static_cast<float>(b->indices()[i]) + 0.5f);
+      EXPECT_EQ(values[(i + 1) * kWidth - 1], static_cast<float>(b->indices()[i]) + 0.5f);
+      EXPECT_EQ(ids[i], -b->indices()[i]);
+    }
+    seen += n;
+  }
+  EXPECT_EQ(seen, 7u);
+}
+
 }  // namespace
 }  // namespace spindle

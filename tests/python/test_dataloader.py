@@ -241,3 +241,75 @@ def test_batched_fields_equal_stacking_each_field(make):
     for f, (_, array) in enumerate(got):
         expected = np.stack([leaves[f][1] for leaves in per_sample])
         assert array.dtype == expected.dtype and np.array_equal(array, expected)
+
+
+class _Made:
+    """Map-style dataset over a sample-making function (module level: picklable by reference)."""
+
+    def __init__(self, make, n=40):
+        self.make, self.n = make, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+class _Memmap(np.ndarray):
+    """An ndarray subclass (as np.memmap or a user's array type is)."""
+
+
+_SAMPLE_KINDS = [
+    lambda i: (np.full((4, 4, 3), i, np.uint8), i),
+    lambda i: {"x": np.arange(6, dtype=np.float32).reshape(2, 3) + i, "y": float(i), "z": i % 3 == 0},
+    lambda i: [np.int64(i), np.float32(i) / 3, np.bool_(i % 2), np.uint16(i), np.complex64(i)],
+    lambda i: Pair(np.full(3, -i, np.int32), [np.float64(i), (i, -i)]),
+    lambda i: {"nested": {"deep": (np.zeros(2) + i, [i, 2 * i])}, "flag": np.array(i % 2 == 0)},
+    lambda i: (np.arange(8, dtype=np.int16)[::2] + i, np.longlong(i)),           # non-contiguous; int64 alias
+    lambda i: (np.full((2, 2), i, np.float64).view(_Memmap), -(2 ** 62) + i),    # subclass; big ints
+    lambda i: (np.full(3, i, np.int64) if i % 5 else np.full(3, i, np.int64).astype(">i8").astype("<i8"),
+               np.float64(i) if i % 2 else float(i)),                            # mixed leaf kinds, same dtype
+    lambda i: np.array(i, np.float16),                                           # a bare 0-d array
+    lambda i: {1: np.full(2, i, np.uint8), "b": (i,)},                           # non-str keys
+]
+
+
+@pytest.mark.parametrize("make", _SAMPLE_KINDS)
+def test_worker_batches_equal_the_in_process_python_path(make):
+    """Batches written by the workers' one-call path are the Python path's, value, dtype and container for container."""
+    from spindle._layout import BatchReader, collate_local, flatten
+    ds = _Made(make)
+    got = list(spindle.DataLoader(ds, batch_size=8, num_workers=2))
+    assert len(got) == 5
+    for b, batch in enumerate(got):
+        indices = list(range(8 * b, 8 * b + 8))
+        want = collate_local([ds[i] for i in indices], indices, BatchReader())
+        tree_got, leaves_got = flatten(batch, 0)
+        tree_want, leaves_want = flatten(want, 0)
+        assert tree_got == tree_want
+        for (path, g), (_, w) in zip(leaves_got, leaves_want):
+            assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w), (b, path)
+
+
+def _python_path_is_refused(*args, **kwargs):
+    raise AssertionError("the Python path (Columns) was taken")
+
+
+@pytest.mark.parametrize("make", [_SAMPLE_KINDS[0], _SAMPLE_KINDS[1], _SAMPLE_KINDS[3], _SAMPLE_KINDS[4]])
+def test_plain_samples_are_written_in_one_call_without_the_python_path(monkeypatch, make):
+    """Samples of one structure (arrays, Python and numpy scalars, nested containers) never reach Columns, the per-sample Python path."""
+    import spindle._layout
+    monkeypatch.setattr(spindle._layout, "Columns", _python_path_is_refused)  # the forked workers inherit it
+    assert len(list(spindle.DataLoader(_Made(make), batch_size=8, num_workers=2))) == 5
+
+
+def test_a_sample_of_another_structure_after_matching_ones_is_named():
+    """A sample differing from earlier ones of its batch (and from the previous batch) is named with both structures."""
+
+    def make(i):
+        return (np.zeros(2), i) if i != 21 else (np.zeros(2), i, i)
+
+    with pytest.raises(ValueError, match=r"sample 21 has structure tuple\(leaf, leaf, leaf\), but sample 16") as e:
+        list(spindle.DataLoader(_Made(make), batch_size=8, num_workers=1))
+    assert "sample index 21" in "".join(getattr(e.value, "__notes__", []))

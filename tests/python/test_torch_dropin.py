@@ -629,3 +629,22 @@ def test_persistent_stream_workers_keep_their_process_and_state_across_epochs(pe
     assert len(ours_log.read_text().splitlines()) == len(theirs_log.read_text().splitlines())
     if persistent:
         assert pids[0] == pids[1] == pids[2]
+
+
+class LateDifference(Dataset):
+    """Plain samples of one structure, but one sample's label is a float: torch's collate makes that batch float."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return np.full((2, 3), i, np.uint8), (float(i) if i == 21 else i)
+
+
+def test_a_sample_that_differs_after_matching_ones_gets_torchs_collate():
+    """A batch whose later sample leaves the one-call array path is collated as torch collates it, before and after."""
+    expected, got = both(LateDifference(), batch_size=8, num_workers=2)
+    assert len(got) == 5
+    for k, (a, b) in enumerate(zip(got, expected)):
+        same(a, b, f"batch {k}")
+    assert got[2][1].dtype == torch.float32 and got[3][1].dtype == torch.int64

@@ -56,6 +56,14 @@ class WorkerContext {
   // layout.offset(i). `structure` is opaque to the runtime (the consumer gets
   // it back with the batch).
   std::span<std::byte> begin_arrays(WorkItem& item, const SlotLayout& layout, std::string_view structure);
+  // A whole array batch in one call: begin_arrays, then row r of field f is
+  // copied from rows[r * layout.num_fields() + f] (layout.row_bytes(f) bytes
+  // there), for rows.size() / num_fields() samples (at most the item's count;
+  // a stream's short batch commits its count after). For front ends that
+  // gather rows from objects of their own (the Python binding: the samples'
+  // buffers).
+  void put_rows(WorkItem& item, const SlotLayout& layout, std::string_view structure,
+                std::span<const std::byte* const> rows);
   // Stores one byte string (e.g. a pickled batch) as the item's payload.
   void put_bytes(WorkItem& item, std::span<const std::byte> bytes);
   // Publishes the item's payload as complete.
