@@ -145,6 +145,131 @@ __attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, 
   }
 }
 
+// The same sums with pmaddwd, two taps per instruction: a 22-bit weight k
+// does not fit 16 bits, so it is split as k = hi * 2^11 + lo (hi = k >> 11,
+// lo = k & 2047, both 16-bit) and sum(p * k) = (sum(p * hi) << 11) + sum(p * lo),
+// exact in int32 (|sums| < 2^31). Per pair of taps one 8-byte load holds both
+// pixels; pshufb spreads them to int16 lanes (R R G G B B 0 0) for pmaddwd
+// against weights laid out beforehand by madd_weights. K is rounded up to
+// even taps with a zero weight. Two outputs go through one 256-bit register
+// (AVX2); an odd last output, and the last row (whose 8-byte loads, up to 5
+// bytes past the last tap's pixel, could pass the buffer's end), one at a time.
+//
+// Weights: per pair of outputs q and pair of taps j, 64 int16: the hi vector
+// of output 2q (8 lanes: R R G G B B 0 0), of output 2q + 1, then the lo
+// vectors likewise.
+constexpr int kMaddPairBlock = 32;  // int16 per (output pair, tap pair) and hi/lo half
+
+const int16_t* madd_weights(const Coeffs& c, int out_w, std::vector<int16_t>& storage) {
+  const int K = c.ksize, pairs = (K + 1) / 2, out_pairs = (out_w + 1) / 2;
+  storage.assign(static_cast<size_t>(out_pairs) * pairs * 2 * kMaddPairBlock + 16, 0);
+  auto* base = reinterpret_cast<int16_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
+  for (int xx = 0; xx < out_w; ++xx)
+    for (int j = 0; j < pairs; ++j) {
+      int16_t* v = base + (static_cast<size_t>(xx / 2) * pairs + j) * 2 * kMaddPairBlock + (xx % 2) * 8;
+      for (int t = 0; t < 2; ++t) {
+        const int x = 2 * j + t;
+        const int32_t k = x < K ? c.kk[static_cast<size_t>(xx) * K + x] : 0;
+        for (int ch = 0; ch < 3; ++ch) {
+          v[2 * ch + t] = static_cast<int16_t>(k >> 11);                    // hi
+          v[kMaddPairBlock / 2 + 2 * ch + t] = static_cast<int16_t>(k & 2047);  // lo
+        }
+      }
+    }
+  return base;
+}
+
+template <int K>
+__attribute__((target("avx2"), always_inline)) inline uint32_t madd_one(const uint8_t* p, const int16_t* w) {
+  constexpr int kPairs = (K + 1) / 2;
+  const __m128i spread = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  __m128i hi = _mm_setzero_si128(), lo = _mm_setzero_si128();
+  for (int j = 0; j < kPairs; ++j) {
+    const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 6 * j)), spread);
+    const int16_t* wj = w + static_cast<size_t>(j) * 2 * kMaddPairBlock;
+    hi = _mm_add_epi32(hi, _mm_madd_epi16(px, _mm_load_si128(reinterpret_cast<const __m128i*>(wj))));
+    lo = _mm_add_epi32(lo, _mm_madd_epi16(px, _mm_load_si128(reinterpret_cast<const __m128i*>(wj + kMaddPairBlock / 2))));
+  }
+  __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, 11), lo), _mm_set1_epi32(1 << (kPrecisionBits - 1)));
+  acc = _mm_srai_epi32(acc, kPrecisionBits);
+  acc = _mm_packus_epi16(_mm_packus_epi32(acc, acc), acc);  // saturating: clip8's clamp
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(acc));
+}
+
+template <int K>
+__attribute__((target("avx2"))) void horizontal_rgb_madd(const uint8_t* src, size_t stride, int in_w, int row0,
+                                                         int rows, const Coeffs& c, const int16_t* w, int out_w,
+                                                         bool mirror, uint8_t* dst) {
+  constexpr int kPairs = (K + 1) / 2;
+  const __m256i spread = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  const int* bounds = c.bounds.data();
+  const int32_t* kk = c.kk.data();
+  const int even = out_w & ~1;
+  auto at = [&](uint8_t* row_out, int xx) { return row_out + 3 * (mirror ? out_w - 1 - xx : xx); };
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* s = src + static_cast<size_t>(row0 + y) * stride;
+    uint8_t* row_out = dst + static_cast<size_t>(y) * out_w * 3;
+    if (y == rows - 1) {  // one at a time, scalar where the loads could pass the buffer
+      for (int xx = 0; xx < out_w; ++xx) {
+        const int xmin = bounds[xx * 2];
+        const uint8_t* p = s + static_cast<size_t>(xmin) * 3;
+        uint8_t* d = at(row_out, xx);
+        if (xmin + 2 * kPairs + 1 <= in_w) {
+          const uint32_t q = madd_one<K>(p, w + static_cast<size_t>(xx / 2) * kPairs * 2 * kMaddPairBlock + (xx % 2) * 8);
+          std::memcpy(d, &q, 3);
+          continue;
+        }
+        const int32_t* k = kk + static_cast<size_t>(xx) * K;
+        int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
+        for (int x = 0; x < K; ++x) {
+          a0 += p[3 * x] * k[x];
+          a1 += p[3 * x + 1] * k[x];
+          a2 += p[3 * x + 2] * k[x];
+        }
+        d[0] = clip8(a0);
+        d[1] = clip8(a1);
+        d[2] = clip8(a2);
+      }
+      continue;
+    }
+    for (int xx = 0; xx < even; xx += 2) {
+      const uint8_t* p0 = s + static_cast<size_t>(bounds[xx * 2]) * 3;
+      const uint8_t* p1 = s + static_cast<size_t>(bounds[xx * 2 + 2]) * 3;
+      const int16_t* wq = w + static_cast<size_t>(xx / 2) * kPairs * 2 * kMaddPairBlock;
+      __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();
+      for (int j = 0; j < kPairs; ++j) {
+        const __m256i both = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0 + 6 * j))),
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p1 + 6 * j)), 1);
+        const __m256i px = _mm256_shuffle_epi8(both, spread);
+        const int16_t* wj = wq + static_cast<size_t>(j) * 2 * kMaddPairBlock;
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_load_si256(reinterpret_cast<const __m256i*>(wj))));
+        lo = _mm256_add_epi32(
+            lo, _mm256_madd_epi16(px, _mm256_load_si256(reinterpret_cast<const __m256i*>(wj + kMaddPairBlock / 2))));
+      }
+      __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo), half);
+      acc = _mm256_srai_epi32(acc, kPrecisionBits);
+      acc = _mm256_packus_epi16(_mm256_packus_epi32(acc, acc), acc);
+      const uint32_t q0 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(acc)));
+      const uint32_t q1 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1)));
+      std::memcpy(at(row_out, xx), &q0, 3);
+      std::memcpy(at(row_out, xx + 1), &q1, 3);
+    }
+    if (even != out_w) {
+      const uint32_t q = madd_one<K>(s + static_cast<size_t>(bounds[even * 2]) * 3,
+                                     w + static_cast<size_t>(even / 2) * kPairs * 2 * kMaddPairBlock);
+      std::memcpy(at(row_out, even), &q, 3);
+    }
+  }
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
 bool has_sse41() {
   static const bool yes = __builtin_cpu_supports("sse4.1");
   return yes;
@@ -180,6 +305,7 @@ struct Scratch {
   Coeffs cv, chz;
   std::vector<uint8_t> tmp;
   std::vector<int32_t> acc;
+  std::vector<int16_t> madd;  // horizontal_rgb_madd's weights
 };
 
 Scratch& scratch() {
@@ -193,6 +319,16 @@ void horizontal(const uint8_t* src, size_t stride, int in_w, int ch, int row0, i
                 bool mirror, uint8_t* dst) {
   if (ch == 3 && c.ksize <= 9 && pad_to_ksize(in_w, c)) {
 #ifdef SPINDLE_OPS_SSE41
+    if (has_avx2()) {
+      const int16_t* w = madd_weights(c, out_w, scratch().madd);
+      switch (c.ksize) {
+        case 3: return horizontal_rgb_madd<3>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 5: return horizontal_rgb_madd<5>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 7: return horizontal_rgb_madd<7>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 9: return horizontal_rgb_madd<9>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        default: break;
+      }
+    }
     if (has_sse41()) {
       switch (c.ksize) {
         case 3: return horizontal_rgb_sse41<3>(src, stride, in_w, row0, rows, c, out_w, mirror, dst);
