@@ -101,7 +101,7 @@ bench: build-cpp install-py
 # it too (its own build dir), so every loader runs under one interpreter.
 PEERS_VENV ?= .venv-peers
 PEERS_APT_PACKAGES := python3-venv libavutil57 libavcodec59 libavformat59 libavfilter8 libavdevice59 libswscale6
-PEERS_PY_PACKAGES := torch==2.14.1 torchvision==0.29.1 tensorflow-cpu spdl pillow numpy threadpoolctl \
+PEERS_PY_PACKAGES := torch==2.14.1 torchvision==0.29.1 tensorflow-cpu==2.21.0 spdl==0.8.0 pillow numpy threadpoolctl \
 	scikit-build-core pybind11 ninja cmake
 peers-venv: $(PEERS_VENV)/.peers-ok
 	$(PEERS_VENV)/bin/python -m pip install -q --no-build-isolation --config-settings=build-dir=build/peers .
