@@ -16,7 +16,7 @@ PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
-	bench clean fuzz-deps fuzz-build fuzz fuzz-smoke
+	bench bench-peers peers-venv clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 demo: install-py
 	$(PY) python/examples/demo.py
@@ -102,6 +102,27 @@ bench: build-cpp install-py
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
 	$(PY) bench/python/grain_bench.py
+
+# The decode benchmark's peers (bench/python/native_bench.py) in their own venv,
+# never part of `make test`: PyPI's torchvision needs PyPI's torch 2.14.1 (it
+# fails to import beside the local 2.13.0+cpu), tensorflow-cpu for tf.data, and
+# SPDL, which needs Debian's FFmpeg 5.1 runtime libraries (libavdevice too). spindle is built into
+# it too (its own build dir), so every loader runs under one interpreter.
+PEERS_VENV ?= .venv-peers
+PEERS_APT_PACKAGES := python3-venv libavutil57 libavcodec59 libavformat59 libavfilter8 libavdevice59 libswscale6
+PEERS_PY_PACKAGES := torch==2.14.1 torchvision==0.29.1 tensorflow-cpu==2.21.0 spdl==0.8.0 pillow numpy threadpoolctl \
+	scikit-build-core pybind11 ninja cmake
+peers-venv: $(PEERS_VENV)/.peers-ok
+	$(PEERS_VENV)/bin/python -m pip install -q --no-build-isolation --config-settings=build-dir=build/peers .
+
+$(PEERS_VENV)/.peers-ok: Makefile
+	$(call apt_install,$(APT_PACKAGES) $(PEERS_APT_PACKAGES))
+	[ -x $(PEERS_VENV)/bin/python ] || /usr/bin/python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q $(PEERS_PY_PACKAGES)
+	touch $@
+
+bench-peers: peers-venv
+	flock /tmp/spindle-bench.lock $(PEERS_VENV)/bin/python bench/python/native_bench.py
 
 # --- fuzzing: libFuzzer targets in tests/fuzz (see tests/fuzz/README.md) ----
 # Built with clang beside the g++ build: each target compiles the few runtime

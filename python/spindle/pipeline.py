@@ -5,7 +5,7 @@
             .random_resized_crop(224)
             .random_flip()
             .batch(64))
-    for b in spindle.Loader(pipe, num_workers=2, shuffle=True, seed=0):   # mode="processes" | "threads"
+    for b in spindle.Loader(pipe, num_workers=2, shuffle=True, seed=0):   # mode="threads" (default) | "processes"
         b["image"]   # (64, 224, 224, 3) uint8, zero-copy; b["label"] (64,) int64
 
 No Python runs per sample: the workers are forked processes running C++
@@ -152,8 +152,9 @@ class Loader:
         num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
         shuffle: a new permutation every epoch, from (seed, epoch).
         seed: makes order and augmentation reproducible; None draws fresh entropy per epoch.
-        mode: "processes" (forked C++ workers, isolated from a crashing decoder) or "threads"
-            (no fork; the arena's threads in this process).
+        mode: "threads" (the default: no fork, the arena's threads in this process; the faster
+            mode in docs/native.md's benchmark) or "processes" (forked C++ workers, isolated
+            from a crashing decoder).
         timeout: seconds to wait for a batch (0 or inf: forever).
         prefetch_factor: batches in flight per worker.
         max_threads: cap on the tasks the loader adds, on top of ulimit -u and pids.max.
@@ -173,7 +174,7 @@ class Loader:
     """
 
     def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
-                 seed: Optional[int] = None, mode: str = "processes", timeout: float = 0,
+                 seed: Optional[int] = None, mode: str = "threads", timeout: float = 0,
                  prefetch_factor: int = 2, max_threads: Optional[int] = None, shard: Any = None,
                  shard_drop_last: bool = False) -> None:
         if mode not in ("processes", "threads"):

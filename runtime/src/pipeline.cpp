@@ -33,16 +33,9 @@ std::pair<int, int> output_size(const PipelineOptions& o, const std::optional<Ar
                 "random_resized_crop(size) or center_crop(size) after decode (or resize_shorter + center_crop)");
 }
 
-// Decoded image (possibly cropped and resized in the decoder) for one sample.
-void decode_sample(const PipelineOptions& o, std::span<const std::byte> bytes, ops::Rng& rng, ops::Image& img) {
-  if (o.random_resized_crop) {
-    const ops::ImageInfo info = ops::probe(bytes);
-    const ops::CropBox box = ops::random_resized_crop_box(info.height, info.width, rng, o.random_resized_crop->scale,
-                                                          o.random_resized_crop->ratio);
-    const int s = o.random_resized_crop->size;
-    ops::decode(bytes, box, ops::Size{s, s}, img);  // fused: only the box, DCT-scaled when much larger
-    return;
-  }
+// Decoded image (possibly cropped in the decoder) for one sample without a
+// random-resized crop (that one is fused further: Pipeline::produce_encoded).
+void decode_sample(const PipelineOptions& o, std::span<const std::byte> bytes, ops::Image& img) {
   if (o.center_crop && !o.resize_shorter) {
     const ops::ImageInfo info = ops::probe(bytes);
     const int s = *o.center_crop;
@@ -164,10 +157,46 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
 void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin,
                                uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                                std::span<std::byte> payload, std::size_t row) const {
+  const PipelineOptions& o = options_;
   ops::Rng rng(seed, epoch, draw);
+  if (o.random_resized_crop) {
+    // Fused: decode + crop + resize + flip in one call, straight into the
+    // slot's row (or, with normalize, into a reused per-thread image). The
+    // draws come in the same order as in finish(): the crop's, then the flip's.
+    const int s = o.random_resized_crop->size;
+    const size_t n = static_cast<size_t>(s) * s * 3;
+    thread_local ops::Image staging;
+    std::span<uint8_t> dst;
+    if (o.normalize) {
+      staging.height = staging.width = s;
+      staging.channels = 3;
+      staging.pixels.resize(n);
+      dst = staging.pixels;
+    } else {
+      dst = layout.view<uint8_t>(payload, 0).subspan(row * n, n);
+    }
+    auto plan = [&](int height, int width) {
+      ops::CropPlan p;
+      p.box = ops::random_resized_crop_box(height, width, rng, o.random_resized_crop->scale,
+                                           o.random_resized_crop->ratio);
+      p.mirror = o.flip_probability > 0 && rng.uniform() < o.flip_probability;
+      return p;
+    };
+    try {
+      ops::decode_resized(encoded, plan, ops::Size{s, s}, dst);
+    } catch (const std::exception& e) {
+      SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+    }
+    if (o.normalize) {
+      std::span<float> out = layout.view<float>(payload, 0).subspan(row * n, n);
+      ops::normalize(staging, o.normalize->first, o.normalize->second, o.chw, out);
+    }
+    layout.view<int64_t>(payload, 1)[row] = label;
+    return;
+  }
   ops::Image img;
   try {
-    decode_sample(options_, encoded, rng, img);
+    decode_sample(o, encoded, img);
   } catch (const std::exception& e) {
     SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
   }

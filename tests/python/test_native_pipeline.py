@@ -62,6 +62,28 @@ def test_batches_are_identical_for_any_worker_count_and_both_modes(folder, worke
             assert np.array_equal(label, ref_label) and np.array_equal(image, ref_image), mode
 
 
+@pytest.mark.parametrize("flip,size", [(0.0, 64), (1.0, 64), (1.0, 63)])
+def test_fused_sample_step_equals_the_ops_one_at_a_time(folder, flip, size):
+    """Proves: the pipeline's fused decode + random-resized-crop + flip (into the slot) gives, bit for bit,
+    spindle.ops' decode_image(crop=box, size) (+ hflip) for the box drawn from (seed, epoch, index), JPEG and PNG."""
+    from spindle import ops
+
+    files = sorted(p for c in CLASSES for p in (folder / c).iterdir())
+    pipe = sp.image_folder(folder).decode().random_resized_crop(size)
+    if flip:
+        pipe = pipe.random_flip(flip)
+    loader = spindle.Loader(pipe.batch(7), num_workers=2, seed=11, mode="threads")
+    loader.set_epoch(2)
+    images = np.concatenate([b["image"].copy() for b in loader])
+    assert len(images) == len(files)
+    for index, path in enumerate(files):
+        data = path.read_bytes()
+        info = ops.image_info(data)
+        box = ops.random_resized_crop_box(info.height, info.width, 11, 2, index)
+        ref = ops.decode_image(data, crop=box, size=(size, size))
+        np.testing.assert_array_equal(images[index], ops.hflip(ref) if flip else ref, err_msg=str(path))
+
+
 def test_epochs_and_seeds_change_the_augmentation(folder):
     """A new epoch (or seed) draws new crops and order; the same (seed, epoch) repeats exactly."""
     loader = spindle.Loader(rrc_pipe(folder), num_workers=2, shuffle=True, seed=1)

@@ -131,66 +131,23 @@ class JpegDecoder {
     const ImageInfo in = info();
     check_pixels(in.height, in.width, "JPEG");
     const CropBox box = checked_crop(crop, in.height, in.width);
-
-    // DCT-domain downscaling: the largest 1/d (d in 8, 4, 2) that keeps the
-    // scaled crop at least the target size in both dimensions.
-    int denom = 1;
-    if (size) {
-      for (int d : {8, 4, 2}) {
-        if (box.height >= d * size->height && box.width >= d * size->width) {
-          denom = d;
-          break;
-        }
-      }
-    }
-    cinfo_.scale_num = 1;
-    cinfo_.scale_denom = static_cast<unsigned>(denom);
-    const bool cmyk = cinfo_.jpeg_color_space == JCS_CMYK || cinfo_.jpeg_color_space == JCS_YCCK;
-    cinfo_.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
-    cinfo_.dct_method = JDCT_ISLOW;  // what PIL uses: the pixels equal its decode
-    jpeg_start_decompress(&cinfo_);
-
-    // The crop in scaled pixels; the region decoded covers it, rounded outward.
-    const int out_w = static_cast<int>(cinfo_.output_width), out_h = static_cast<int>(cinfo_.output_height);
-    // Scaled pixel i is the DCT-domain reduction of source pixels [i*d, i*d + d),
-    // so source coordinate x maps to x / d exactly (not out_w / width, which the
-    // rounded-up last column would skew).
-    const double sx = 1.0 / denom, sy = 1.0 / denom;
-    const int x0 = denom == 1 ? box.left : static_cast<int>(std::floor(box.left * sx));
-    const int y0 = denom == 1 ? box.top : static_cast<int>(std::floor(box.top * sy));
-    const int x1 = denom == 1 ? box.left + box.width
-                              : std::min(out_w, static_cast<int>(std::ceil((box.left + box.width) * sx)));
-    const int y1 = denom == 1 ? box.top + box.height
-                              : std::min(out_h, static_cast<int>(std::ceil((box.top + box.height) * sy)));
-
-    // jpeg_crop_scanline moves the left edge down to an iMCU boundary but
-    // leaves the right edge where asked, and the fancy upsampler treats both
-    // edges of the cropped row as image edges (replicating chroma): asking for
-    // kChromaMargin more columns on each side keeps the crop's own columns
-    // interior, so they equal a full decode's.
-    constexpr int kChromaMargin = 2;
-    const int req0 = std::max(0, x0 - kChromaMargin), req1 = std::min(out_w, x1 + kChromaMargin);
-    JDIMENSION xoff = static_cast<JDIMENSION>(req0), cw = static_cast<JDIMENSION>(req1 - req0);
-    if (req0 != 0 || req1 != out_w) jpeg_crop_scanline(&cinfo_, &xoff, &cw);
+    const Region r = begin_region(box, size);
     const int comps = cinfo_.output_components;
     row_.resize(static_cast<size_t>(cinfo_.output_width) * comps);
-    if (y0 > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(y0)) != static_cast<JDIMENSION>(y0))
-      SPINDLE_THROW(DecodeError, "cannot decode JPEG: could not skip to the crop's first row");
 
-    Image& region = (size || denom != 1) ? region_ : out;
-    region.height = y1 - y0;
-    region.width = x1 - x0;
+    Image& region = (size || r.denom != 1) ? region_ : out;
+    region.height = r.y1 - r.y0;
+    region.width = r.x1 - r.x0;
     region.channels = 3;
     region.pixels.resize(static_cast<size_t>(region.height) * region.width * 3);
-    const int skip = x0 - static_cast<int>(xoff);
-    const bool adobe_inverted = cmyk && cinfo_.saw_Adobe_marker;
+    const bool adobe_inverted = r.cmyk && cinfo_.saw_Adobe_marker;
     for (int y = 0; y < region.height; ++y) {
       JSAMPROW rows[1] = {row_.data()};
       if (jpeg_read_scanlines(&cinfo_, rows, 1) != 1)
-        SPINDLE_THROW(DecodeError, "cannot decode JPEG: no scanline " + std::to_string(y0 + y));
+        SPINDLE_THROW(DecodeError, "cannot decode JPEG: no scanline " + std::to_string(r.y0 + y));
       uint8_t* dst = region.pixels.data() + static_cast<size_t>(y) * region.width * 3;
-      const uint8_t* src = row_.data() + static_cast<size_t>(skip) * comps;
-      if (!cmyk) {
+      const uint8_t* src = row_.data() + static_cast<size_t>(r.skip) * comps;
+      if (!r.cmyk) {
         std::memcpy(dst, src, static_cast<size_t>(region.width) * 3);
       } else {
         cmyk_to_rgb(src, region.width, adobe_inverted, dst);
@@ -199,19 +156,121 @@ class JpegDecoder {
     // The rows below the crop are never decoded; abort instead of finishing.
     jpeg_abort_decompress(&cinfo_);
 
-    if (size || denom != 1) {
+    if (size || r.denom != 1) {
       const Size target = size ? *size : Size{box.height, box.width};
-      // The crop's exact position inside the decoded region, in scaled pixels:
-      // for denom 1 it is the whole region (then resize equals PIL's exactly).
-      detail::BoxF fbox{box.top * sy - y0, box.left * sx - x0, box.height * sy, box.width * sx};
-      if (denom == 1) fbox = {0, 0, static_cast<double>(region.height), static_cast<double>(region.width)};
-      detail::resample(region.pixels.data(), region.height, region.width, 3, fbox, target, out);
+      detail::resample(region.pixels.data(), region.height, region.width, 3, crop_in_region(box, r), target, out);
     }
   }
 
+  // decode(crop, size) + hflip into `out`, the crop chosen by `plan` from the
+  // header read once. The scanlines go straight into one reused buffer (rows
+  // of the cropped scanline's width) and the resampler reads the crop's
+  // columns from it in place: no row copies, no allocation once warm.
+  void decode_resized(std::span<const std::byte> data, const std::function<CropPlan(int, int)>& plan, Size size,
+                      std::span<uint8_t> out) {
+    if (setjmp(err_.jump)) fail();
+    start(data);
+    const ImageInfo in = info();
+    check_pixels(in.height, in.width, "JPEG");
+    const CropPlan p = plan(in.height, in.width);
+    const CropBox box = checked_crop(p.box, in.height, in.width);
+    const Region r = begin_region(box, size);
+    const int comps = cinfo_.output_components;
+    const size_t stride = static_cast<size_t>(cinfo_.output_width) * comps;
+    const int rows = r.y1 - r.y0, width = r.x1 - r.x0;
+    // One spare byte: the resampler's 4-byte loads may read one past the last pixel.
+    buffer_.resize(stride * rows + 1);
+    row_pointers_.resize(static_cast<size_t>(rows));
+    for (int y = 0; y < rows; ++y) row_pointers_[y] = buffer_.data() + y * stride;
+    for (int done = 0; done < rows;) {
+      const JDIMENSION n = jpeg_read_scanlines(&cinfo_, row_pointers_.data() + done, static_cast<JDIMENSION>(rows - done));
+      if (n == 0) SPINDLE_THROW(DecodeError, "cannot decode JPEG: no scanline " + std::to_string(r.y0 + done));
+      done += static_cast<int>(n);
+    }
+    jpeg_abort_decompress(&cinfo_);  // the rows below the crop are never decoded
+
+    const uint8_t* src = buffer_.data() + static_cast<size_t>(r.skip) * comps;
+    size_t src_stride = stride;
+    if (r.cmyk) {
+      region_.pixels.resize(static_cast<size_t>(rows) * width * 3 + 1);
+      for (int y = 0; y < rows; ++y)
+        cmyk_to_rgb(src + y * stride, width, cinfo_.saw_Adobe_marker, region_.pixels.data() + y * width * 3);
+      src = region_.pixels.data();
+      src_stride = static_cast<size_t>(width) * 3;
+    }
+    detail::resample_into(src, src_stride, rows, width, 3, crop_in_region(box, r), size, p.mirror, out.data());
+  }
+
  private:
+  // The decoded region: scaled pixels [y0, y1) x [x0, x1) of the crop, the
+  // DCT scale 1/denom, and `skip` columns of the cropped scanline before x0.
+  struct Region {
+    int denom = 1, x0 = 0, y0 = 0, x1 = 0, y1 = 0, skip = 0;
+    bool cmyk = false;
+  };
+
+  // Picks the DCT scale, starts decompression, and positions the decoder at
+  // the crop's first row and (widened) columns. Called from inside the frame
+  // that did setjmp; holds nothing with a destructor.
+  Region begin_region(const CropBox& box, const std::optional<Size>& size) {
+    Region r;
+    // DCT-domain downscaling: the largest 1/d (d in 8, 4, 2) that keeps the
+    // scaled crop at least the target size in both dimensions.
+    if (size) {
+      for (int d : {8, 4, 2}) {
+        if (box.height >= d * size->height && box.width >= d * size->width) {
+          r.denom = d;
+          break;
+        }
+      }
+    }
+    cinfo_.scale_num = 1;
+    cinfo_.scale_denom = static_cast<unsigned>(r.denom);
+    r.cmyk = cinfo_.jpeg_color_space == JCS_CMYK || cinfo_.jpeg_color_space == JCS_YCCK;
+    cinfo_.out_color_space = r.cmyk ? JCS_CMYK : JCS_RGB;
+    cinfo_.dct_method = JDCT_ISLOW;  // what PIL uses: the pixels equal its decode
+    jpeg_start_decompress(&cinfo_);
+
+    // The crop in scaled pixels; the region decoded covers it, rounded outward.
+    const int out_w = static_cast<int>(cinfo_.output_width), out_h = static_cast<int>(cinfo_.output_height);
+    // Scaled pixel i is the DCT-domain reduction of source pixels [i*d, i*d + d),
+    // so source coordinate x maps to x / d exactly (not out_w / width, which the
+    // rounded-up last column would skew).
+    const double s = 1.0 / r.denom;
+    const int d = r.denom;
+    r.x0 = d == 1 ? box.left : static_cast<int>(std::floor(box.left * s));
+    r.y0 = d == 1 ? box.top : static_cast<int>(std::floor(box.top * s));
+    r.x1 = d == 1 ? box.left + box.width : std::min(out_w, static_cast<int>(std::ceil((box.left + box.width) * s)));
+    r.y1 = d == 1 ? box.top + box.height : std::min(out_h, static_cast<int>(std::ceil((box.top + box.height) * s)));
+
+    // jpeg_crop_scanline moves the left edge down to an iMCU boundary but
+    // leaves the right edge where asked, and the fancy upsampler treats both
+    // edges of the cropped row as image edges (replicating chroma): asking for
+    // kChromaMargin more columns on each side keeps the crop's own columns
+    // interior, so they equal a full decode's.
+    constexpr int kChromaMargin = 2;
+    const int req0 = std::max(0, r.x0 - kChromaMargin), req1 = std::min(out_w, r.x1 + kChromaMargin);
+    JDIMENSION xoff = static_cast<JDIMENSION>(req0), cw = static_cast<JDIMENSION>(req1 - req0);
+    if (req0 != 0 || req1 != out_w) jpeg_crop_scanline(&cinfo_, &xoff, &cw);
+    r.skip = r.x0 - static_cast<int>(xoff);
+    if (r.y0 > 0 && jpeg_skip_scanlines(&cinfo_, static_cast<JDIMENSION>(r.y0)) != static_cast<JDIMENSION>(r.y0))
+      SPINDLE_THROW(DecodeError, "cannot decode JPEG: could not skip to the crop's first row");
+    return r;
+  }
+
+  // The crop's exact position inside the decoded region, in scaled pixels:
+  // for denom 1 it is the whole region (then the resize equals PIL's exactly).
+  static detail::BoxF crop_in_region(const CropBox& box, const Region& r) {
+    if (r.denom == 1) return {0, 0, static_cast<double>(r.y1 - r.y0), static_cast<double>(r.x1 - r.x0)};
+    const double s = 1.0 / r.denom;
+    return {box.top * s - r.y0, box.left * s - r.x0, box.height * s, box.width * s};
+  }
+
   // Reads the headers of `data`; on error longjmps to the caller's setjmp.
+  // The decompressor is reused: whatever an earlier call left (an error, an
+  // exception between libjpeg calls) is aborted first.
   void start(std::span<const std::byte> data) {
+    jpeg_abort_decompress(&cinfo_);
     jpeg_mem_src(&cinfo_, reinterpret_cast<const unsigned char*>(data.data()), static_cast<unsigned long>(data.size()));
     if (jpeg_read_header(&cinfo_, TRUE) != JPEG_HEADER_OK)
       SPINDLE_THROW(DecodeError, "cannot decode JPEG: no image in the data (tables only)");
@@ -246,9 +305,17 @@ class JpegDecoder {
   jpeg_decompress_struct cinfo_{};
   JpegErrorManager err_{};
   bool created_ = false;
-  std::vector<uint8_t> row_;
+  std::vector<uint8_t> row_, buffer_;
+  std::vector<JSAMPROW> row_pointers_;
   Image region_;
 };
+
+// One decoder per thread, reused: no decompressor set-up or buffer
+// allocation per image.
+JpegDecoder& local_jpeg_decoder() {
+  thread_local JpegDecoder decoder;
+  return decoder;
+}
 
 // ---- PNG ---------------------------------------------------------------------
 
@@ -320,10 +387,7 @@ class PngDecoder {
 }  // namespace
 
 ImageInfo probe(std::span<const std::byte> encoded) {
-  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
-    JpegDecoder dec;
-    return dec.probe(encoded);
-  }
+  if (sniff(encoded) == ImageInfo::Format::kJpeg) return local_jpeg_decoder().probe(encoded);
   PngDecoder dec(encoded);
   return dec.probe();
 }
@@ -332,12 +396,31 @@ void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& cr
             Image& out) {
   check_size(size);
   if (sniff(encoded) == ImageInfo::Format::kJpeg) {
-    JpegDecoder dec;
-    dec.decode(encoded, crop, size, out);
+    local_jpeg_decoder().decode(encoded, crop, size, out);
     return;
   }
   PngDecoder dec(encoded);
   dec.decode(crop, size, out);
+}
+
+void decode_resized(std::span<const std::byte> encoded, const std::function<CropPlan(int height, int width)>& plan,
+                    Size size, std::span<uint8_t> out) {
+  check_size(size);
+  if (out.size() != static_cast<size_t>(size.height) * size.width * 3)
+    SPINDLE_THROW(std::invalid_argument, "decode_resized: out has " + std::to_string(out.size()) + " bytes, not " +
+                                             std::to_string(static_cast<size_t>(size.height) * size.width * 3));
+  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
+    local_jpeg_decoder().decode_resized(encoded, plan, size, out);
+    return;
+  }
+  // PNG: decode() then the flip and a copy (libspng decodes whole images anyway).
+  PngDecoder dec(encoded);
+  const ImageInfo in = dec.probe();
+  const CropPlan p = plan(in.height, in.width);
+  thread_local Image img;
+  dec.decode(p.box, size, img);
+  if (p.mirror) hflip(img);
+  std::memcpy(out.data(), img.pixels.data(), out.size());
 }
 
 }  // namespace spindle::ops

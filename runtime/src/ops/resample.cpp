@@ -103,13 +103,15 @@ bool pad_to_ksize(int in_size, Coeffs& c) {
 // a row: inside the buffer except at its very end, which the caller keeps to
 // the scalar loop.
 template <int K>
-__attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, int in_w, int row0, int rows,
-                                                            const Coeffs& c, int out_w, uint8_t* dst) {
+__attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, size_t stride, int in_w, int row0,
+                                                            int rows, const Coeffs& c, int out_w, bool mirror,
+                                                            uint8_t* dst) {
   for (int y = 0; y < rows; ++y) {
-    const uint8_t* s = src + static_cast<size_t>(row0 + y) * in_w * 3;
-    uint8_t* d = dst + static_cast<size_t>(y) * out_w * 3;
+    const uint8_t* s = src + static_cast<size_t>(row0 + y) * stride;
+    uint8_t* row_out = dst + static_cast<size_t>(y) * out_w * 3;
     const bool last_row = y == rows - 1;
     for (int xx = 0; xx < out_w; ++xx) {
+      uint8_t* d = row_out + 3 * (mirror ? out_w - 1 - xx : xx);
       const int32_t* k = &c.kk[static_cast<size_t>(xx) * K];
       const int xmin = c.bounds[xx * 2];
       const uint8_t* p = s + static_cast<size_t>(xmin) * 3;
@@ -120,9 +122,9 @@ __attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, 
           a1 += p[3 * x + 1] * k[x];
           a2 += p[3 * x + 2] * k[x];
         }
-        d[3 * xx] = clip8(a0);
-        d[3 * xx + 1] = clip8(a1);
-        d[3 * xx + 2] = clip8(a2);
+        d[0] = clip8(a0);
+        d[1] = clip8(a1);
+        d[2] = clip8(a2);
         continue;
       }
       __m128i acc = _mm_set1_epi32(1 << (kPrecisionBits - 1));
@@ -136,11 +138,136 @@ __attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, 
       acc = _mm_min_epi32(_mm_max_epi32(acc, _mm_setzero_si128()), _mm_set1_epi32(255));
       alignas(16) int32_t out[4];
       _mm_store_si128(reinterpret_cast<__m128i*>(out), acc);
-      d[3 * xx] = static_cast<uint8_t>(out[0]);
-      d[3 * xx + 1] = static_cast<uint8_t>(out[1]);
-      d[3 * xx + 2] = static_cast<uint8_t>(out[2]);
+      d[0] = static_cast<uint8_t>(out[0]);
+      d[1] = static_cast<uint8_t>(out[1]);
+      d[2] = static_cast<uint8_t>(out[2]);
     }
   }
+}
+
+// The same sums with pmaddwd, two taps per instruction: a 22-bit weight k
+// does not fit 16 bits, so it is split as k = hi * 2^11 + lo (hi = k >> 11,
+// lo = k & 2047, both 16-bit) and sum(p * k) = (sum(p * hi) << 11) + sum(p * lo),
+// exact in int32 (|sums| < 2^31). Per pair of taps one 8-byte load holds both
+// pixels; pshufb spreads them to int16 lanes (R R G G B B 0 0) for pmaddwd
+// against weights laid out beforehand by madd_weights. K is rounded up to
+// even taps with a zero weight. Two outputs go through one 256-bit register
+// (AVX2); an odd last output, and the last row (whose 8-byte loads, up to 5
+// bytes past the last tap's pixel, could pass the buffer's end), one at a time.
+//
+// Weights: per pair of outputs q and pair of taps j, 64 int16: the hi vector
+// of output 2q (8 lanes: R R G G B B 0 0), of output 2q + 1, then the lo
+// vectors likewise.
+constexpr int kMaddPairBlock = 32;  // int16 per (output pair, tap pair) and hi/lo half
+
+const int16_t* madd_weights(const Coeffs& c, int out_w, std::vector<int16_t>& storage) {
+  const int K = c.ksize, pairs = (K + 1) / 2, out_pairs = (out_w + 1) / 2;
+  storage.assign(static_cast<size_t>(out_pairs) * pairs * 2 * kMaddPairBlock + 16, 0);
+  auto* base = reinterpret_cast<int16_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
+  for (int xx = 0; xx < out_w; ++xx)
+    for (int j = 0; j < pairs; ++j) {
+      int16_t* v = base + (static_cast<size_t>(xx / 2) * pairs + j) * 2 * kMaddPairBlock + (xx % 2) * 8;
+      for (int t = 0; t < 2; ++t) {
+        const int x = 2 * j + t;
+        const int32_t k = x < K ? c.kk[static_cast<size_t>(xx) * K + x] : 0;
+        for (int ch = 0; ch < 3; ++ch) {
+          v[2 * ch + t] = static_cast<int16_t>(k >> 11);                    // hi
+          v[kMaddPairBlock / 2 + 2 * ch + t] = static_cast<int16_t>(k & 2047);  // lo
+        }
+      }
+    }
+  return base;
+}
+
+template <int K>
+__attribute__((target("avx2"), always_inline)) inline uint32_t madd_one(const uint8_t* p, const int16_t* w) {
+  constexpr int kPairs = (K + 1) / 2;
+  const __m128i spread = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  __m128i hi = _mm_setzero_si128(), lo = _mm_setzero_si128();
+  for (int j = 0; j < kPairs; ++j) {
+    const __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 6 * j)), spread);
+    const int16_t* wj = w + static_cast<size_t>(j) * 2 * kMaddPairBlock;
+    hi = _mm_add_epi32(hi, _mm_madd_epi16(px, _mm_load_si128(reinterpret_cast<const __m128i*>(wj))));
+    lo = _mm_add_epi32(lo, _mm_madd_epi16(px, _mm_load_si128(reinterpret_cast<const __m128i*>(wj + kMaddPairBlock / 2))));
+  }
+  __m128i acc = _mm_add_epi32(_mm_add_epi32(_mm_slli_epi32(hi, 11), lo), _mm_set1_epi32(1 << (kPrecisionBits - 1)));
+  acc = _mm_srai_epi32(acc, kPrecisionBits);
+  acc = _mm_packus_epi16(_mm_packus_epi32(acc, acc), acc);  // saturating: clip8's clamp
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(acc));
+}
+
+template <int K>
+__attribute__((target("avx2"))) void horizontal_rgb_madd(const uint8_t* src, size_t stride, int in_w, int row0,
+                                                         int rows, const Coeffs& c, const int16_t* w, int out_w,
+                                                         bool mirror, uint8_t* dst) {
+  constexpr int kPairs = (K + 1) / 2;
+  const __m256i spread = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+  const __m256i half = _mm256_set1_epi32(1 << (kPrecisionBits - 1));
+  const int* bounds = c.bounds.data();
+  const int32_t* kk = c.kk.data();
+  const int even = out_w & ~1;
+  auto at = [&](uint8_t* row_out, int xx) { return row_out + 3 * (mirror ? out_w - 1 - xx : xx); };
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* s = src + static_cast<size_t>(row0 + y) * stride;
+    uint8_t* row_out = dst + static_cast<size_t>(y) * out_w * 3;
+    if (y == rows - 1) {  // one at a time, scalar where the loads could pass the buffer
+      for (int xx = 0; xx < out_w; ++xx) {
+        const int xmin = bounds[xx * 2];
+        const uint8_t* p = s + static_cast<size_t>(xmin) * 3;
+        uint8_t* d = at(row_out, xx);
+        if (xmin + 2 * kPairs + 1 <= in_w) {
+          const uint32_t q = madd_one<K>(p, w + static_cast<size_t>(xx / 2) * kPairs * 2 * kMaddPairBlock + (xx % 2) * 8);
+          std::memcpy(d, &q, 3);
+          continue;
+        }
+        const int32_t* k = kk + static_cast<size_t>(xx) * K;
+        int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
+        for (int x = 0; x < K; ++x) {
+          a0 += p[3 * x] * k[x];
+          a1 += p[3 * x + 1] * k[x];
+          a2 += p[3 * x + 2] * k[x];
+        }
+        d[0] = clip8(a0);
+        d[1] = clip8(a1);
+        d[2] = clip8(a2);
+      }
+      continue;
+    }
+    for (int xx = 0; xx < even; xx += 2) {
+      const uint8_t* p0 = s + static_cast<size_t>(bounds[xx * 2]) * 3;
+      const uint8_t* p1 = s + static_cast<size_t>(bounds[xx * 2 + 2]) * 3;
+      const int16_t* wq = w + static_cast<size_t>(xx / 2) * kPairs * 2 * kMaddPairBlock;
+      __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();
+      for (int j = 0; j < kPairs; ++j) {
+        const __m256i both = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p0 + 6 * j))),
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p1 + 6 * j)), 1);
+        const __m256i px = _mm256_shuffle_epi8(both, spread);
+        const int16_t* wj = wq + static_cast<size_t>(j) * 2 * kMaddPairBlock;
+        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_load_si256(reinterpret_cast<const __m256i*>(wj))));
+        lo = _mm256_add_epi32(
+            lo, _mm256_madd_epi16(px, _mm256_load_si256(reinterpret_cast<const __m256i*>(wj + kMaddPairBlock / 2))));
+      }
+      __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo), half);
+      acc = _mm256_srai_epi32(acc, kPrecisionBits);
+      acc = _mm256_packus_epi16(_mm256_packus_epi32(acc, acc), acc);
+      const uint32_t q0 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_castsi256_si128(acc)));
+      const uint32_t q1 = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1)));
+      std::memcpy(at(row_out, xx), &q0, 3);
+      std::memcpy(at(row_out, xx + 1), &q1, 3);
+    }
+    if (even != out_w) {
+      const uint32_t q = madd_one<K>(s + static_cast<size_t>(bounds[even * 2]) * 3,
+                                     w + static_cast<size_t>(even / 2) * kPairs * 2 * kMaddPairBlock);
+      std::memcpy(at(row_out, even), &q, 3);
+    }
+  }
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
 }
 
 bool has_sse41() {
@@ -150,10 +277,11 @@ bool has_sse41() {
 #endif
 
 template <int K>
-void horizontal_rgb_fixed(const uint8_t* src, int in_w, int row0, int rows, const Coeffs& c, int out_w, uint8_t* dst) {
+void horizontal_rgb_fixed(const uint8_t* src, size_t stride, int row0, int rows, const Coeffs& c, int out_w,
+                          bool mirror, uint8_t* dst) {
   for (int y = 0; y < rows; ++y) {
-    const uint8_t* s = src + static_cast<size_t>(row0 + y) * in_w * 3;
-    uint8_t* d = dst + static_cast<size_t>(y) * out_w * 3;
+    const uint8_t* s = src + static_cast<size_t>(row0 + y) * stride;
+    uint8_t* row_out = dst + static_cast<size_t>(y) * out_w * 3;
     for (int xx = 0; xx < out_w; ++xx) {
       const int32_t* k = &c.kk[static_cast<size_t>(xx) * K];
       const uint8_t* p = s + static_cast<size_t>(c.bounds[xx * 2]) * 3;
@@ -163,42 +291,70 @@ void horizontal_rgb_fixed(const uint8_t* src, int in_w, int row0, int rows, cons
         a1 += p[3 * x + 1] * k[x];
         a2 += p[3 * x + 2] * k[x];
       }
-      d[3 * xx] = clip8(a0);
-      d[3 * xx + 1] = clip8(a1);
-      d[3 * xx + 2] = clip8(a2);
+      uint8_t* d = row_out + 3 * (mirror ? out_w - 1 - xx : xx);
+      d[0] = clip8(a0);
+      d[1] = clip8(a1);
+      d[2] = clip8(a2);
     }
   }
 }
 
-// rows [row0, row0 + rows) of src (width `in_w`) -> dst (rows x out_w).
-void horizontal(const uint8_t* src, int in_w, int ch, int row0, int rows, Coeffs& c, int out_w, uint8_t* dst) {
+// Scratch buffers of one thread, kept between calls so that a pipeline's
+// samples allocate (and page-fault) nothing in the resampler.
+struct Scratch {
+  Coeffs cv, chz;
+  std::vector<uint8_t> tmp;
+  std::vector<int32_t> acc;
+  std::vector<int16_t> madd;  // horizontal_rgb_madd's weights
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// rows [row0, row0 + rows) of src (width `in_w`, rows `stride` bytes apart) ->
+// dst (rows x out_w, contiguous), each row mirrored when `mirror`.
+void horizontal(const uint8_t* src, size_t stride, int in_w, int ch, int row0, int rows, Coeffs& c, int out_w,
+                bool mirror, uint8_t* dst) {
   if (ch == 3 && c.ksize <= 9 && pad_to_ksize(in_w, c)) {
 #ifdef SPINDLE_OPS_SSE41
+    if (has_avx2()) {
+      const int16_t* w = madd_weights(c, out_w, scratch().madd);
+      switch (c.ksize) {
+        case 3: return horizontal_rgb_madd<3>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 5: return horizontal_rgb_madd<5>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 7: return horizontal_rgb_madd<7>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        case 9: return horizontal_rgb_madd<9>(src, stride, in_w, row0, rows, c, w, out_w, mirror, dst);
+        default: break;
+      }
+    }
     if (has_sse41()) {
       switch (c.ksize) {
-        case 3: return horizontal_rgb_sse41<3>(src, in_w, row0, rows, c, out_w, dst);
-        case 5: return horizontal_rgb_sse41<5>(src, in_w, row0, rows, c, out_w, dst);
-        case 7: return horizontal_rgb_sse41<7>(src, in_w, row0, rows, c, out_w, dst);
-        case 9: return horizontal_rgb_sse41<9>(src, in_w, row0, rows, c, out_w, dst);
+        case 3: return horizontal_rgb_sse41<3>(src, stride, in_w, row0, rows, c, out_w, mirror, dst);
+        case 5: return horizontal_rgb_sse41<5>(src, stride, in_w, row0, rows, c, out_w, mirror, dst);
+        case 7: return horizontal_rgb_sse41<7>(src, stride, in_w, row0, rows, c, out_w, mirror, dst);
+        case 9: return horizontal_rgb_sse41<9>(src, stride, in_w, row0, rows, c, out_w, mirror, dst);
         default: break;
       }
     }
 #endif
     switch (c.ksize) {
-      case 3: return horizontal_rgb_fixed<3>(src, in_w, row0, rows, c, out_w, dst);
-      case 5: return horizontal_rgb_fixed<5>(src, in_w, row0, rows, c, out_w, dst);
-      case 7: return horizontal_rgb_fixed<7>(src, in_w, row0, rows, c, out_w, dst);
-      case 9: return horizontal_rgb_fixed<9>(src, in_w, row0, rows, c, out_w, dst);
+      case 3: return horizontal_rgb_fixed<3>(src, stride, row0, rows, c, out_w, mirror, dst);
+      case 5: return horizontal_rgb_fixed<5>(src, stride, row0, rows, c, out_w, mirror, dst);
+      case 7: return horizontal_rgb_fixed<7>(src, stride, row0, rows, c, out_w, mirror, dst);
+      case 9: return horizontal_rgb_fixed<9>(src, stride, row0, rows, c, out_w, mirror, dst);
       default: break;  // ksize is odd: unreachable
     }
   }
   for (int y = 0; y < rows; ++y) {
-    const uint8_t* s = src + static_cast<size_t>(row0 + y) * in_w * ch;
-    uint8_t* d = dst + static_cast<size_t>(y) * out_w * ch;
+    const uint8_t* s = src + static_cast<size_t>(row0 + y) * stride;
+    uint8_t* row_out = dst + static_cast<size_t>(y) * out_w * ch;
     for (int xx = 0; xx < out_w; ++xx) {
       const int xmin = c.bounds[xx * 2], n = c.bounds[xx * 2 + 1];
       const int32_t* k = &c.kk[static_cast<size_t>(xx) * c.ksize];
       const uint8_t* p = s + static_cast<size_t>(xmin) * ch;
+      uint8_t* d = row_out + static_cast<size_t>(mirror ? out_w - 1 - xx : xx) * ch;
       if (ch == 3) {
         int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
         for (int x = 0; x < n; ++x) {
@@ -206,17 +362,26 @@ void horizontal(const uint8_t* src, int in_w, int ch, int row0, int rows, Coeffs
           a1 += p[3 * x + 1] * k[x];
           a2 += p[3 * x + 2] * k[x];
         }
-        d[3 * xx] = clip8(a0);
-        d[3 * xx + 1] = clip8(a1);
-        d[3 * xx + 2] = clip8(a2);
+        d[0] = clip8(a0);
+        d[1] = clip8(a1);
+        d[2] = clip8(a2);
       } else {
         for (int cc = 0; cc < ch; ++cc) {
           int32_t a = 1 << (kPrecisionBits - 1);
           for (int x = 0; x < n; ++x) a += p[ch * x + cc] * k[x];
-          d[ch * xx + cc] = clip8(a);
+          d[cc] = clip8(a);
         }
       }
     }
+  }
+}
+
+// Mirrors each of `rows` rows of `width` pixels of `ch` bytes in place.
+void mirror_rows(uint8_t* p, int rows, int width, int ch) {
+  for (int y = 0; y < rows; ++y) {
+    uint8_t* row = p + static_cast<size_t>(y) * width * ch;
+    for (int l = 0, r = width - 1; l < r; ++l, --r)
+      for (int c = 0; c < ch; ++c) std::swap(row[l * ch + c], row[r * ch + c]);
   }
 }
 
@@ -230,11 +395,15 @@ void horizontal(const uint8_t* src, int in_w, int ch, int row0, int rows, Coeffs
 template <int kVariant>
 __attribute__((always_inline)) inline void vertical_impl(const uint8_t* src, size_t src_stride, size_t row_len, const Coeffs& c, int out_h,
                           uint8_t* dst) {
-  std::vector<int32_t> acc(row_len);
+  std::vector<int32_t>& buffer = scratch().acc;
+  buffer.resize(row_len);
+  // A plain pointer: through the vector (a thread_local's member) every uint8_t
+  // store below might change its data pointer, and the loops would not vectorize.
+  int32_t* const acc = buffer.data();
   for (int yy = 0; yy < out_h; ++yy) {
     const int ymin = c.bounds[yy * 2], n = c.bounds[yy * 2 + 1];
     const int32_t* k = &c.kk[static_cast<size_t>(yy) * c.ksize];
-    std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
+    std::fill(acc, acc + row_len, 1 << (kPrecisionBits - 1));
     for (int y = 0; y < n; ++y) {
       const uint8_t* s = src + static_cast<size_t>(ymin + y) * src_stride;
       const int32_t w = k[y];
@@ -267,53 +436,63 @@ void vertical(const uint8_t* src, size_t src_stride, size_t row_len, const Coeff
 
 }  // namespace
 
-void resample(const uint8_t* src, int height, int width, int ch, BoxF box, Size size, Image& out) {
+void resample_into(const uint8_t* src, size_t stride, int height, int width, int ch, BoxF box, Size size,
+                   bool mirror, uint8_t* dst) {
   const int xsize = size.width, ysize = size.height;
   const bool need_h = xsize != width || box.left != 0 || box.width != xsize;
   const bool need_v = ysize != height || box.top != 0 || box.height != ysize;
-  out.height = ysize;
-  out.width = xsize;
-  out.channels = ch;
-  out.pixels.resize(static_cast<size_t>(ysize) * xsize * ch);
+  const size_t out_row = static_cast<size_t>(xsize) * ch;
   if (!need_h && !need_v) {
-    std::memcpy(out.pixels.data(), src, out.pixels.size());
+    for (int y = 0; y < ysize; ++y) std::memcpy(dst + y * out_row, src + y * stride, out_row);
+    if (mirror) mirror_rows(dst, ysize, xsize, ch);
     return;
   }
-  Coeffs cv, chz;
+  Scratch& sc = scratch();
+  Coeffs& cv = sc.cv;
+  Coeffs& chz = sc.chz;
   precompute(height, box.top, box.top + box.height, ysize, cv);
   precompute(width, box.left, box.left + box.width, xsize, chz);
-  const size_t stride = static_cast<size_t>(width) * ch;
   if (!need_h) {
-    vertical(src, stride, stride, cv, ysize, out.pixels.data());
+    vertical(src, stride, out_row, cv, ysize, dst);
+    if (mirror) mirror_rows(dst, ysize, xsize, ch);
     return;
   }
   if (!need_v) {
-    horizontal(src, width, ch, 0, height, chz, xsize, out.pixels.data());
+    horizontal(src, stride, width, ch, 0, height, chz, xsize, mirror, dst);
     return;
   }
   // Pillow 13 (python-pillow/Pillow#9549) runs the vertical pass first when the
   // height shrinks by more than twice as many pixels as the width; the passes'
   // order decides how the uint8 intermediate rounds, so follow it exactly.
   const bool vertical_first = ysize < box.height && (box.height - ysize) > 2 * (box.width - xsize);
+  std::vector<uint8_t>& tmp = sc.tmp;
   if (!vertical_first) {
-    // Horizontal pass over only the rows the vertical pass reads.
+    // Horizontal pass over only the rows the vertical pass reads (mirrored
+    // there: the vertical pass treats every column alike).
     const int first = cv.bounds[0];
     const int last = cv.bounds[ysize * 2 - 2] + cv.bounds[ysize * 2 - 1];
     for (int i = 0; i < ysize; ++i) cv.bounds[i * 2] -= first;
-    std::vector<uint8_t> tmp(static_cast<size_t>(last - first) * xsize * ch);
-    horizontal(src, width, ch, first, last - first, chz, xsize, tmp.data());
-    vertical(tmp.data(), static_cast<size_t>(xsize) * ch, static_cast<size_t>(xsize) * ch, cv, ysize,
-             out.pixels.data());
+    tmp.resize(static_cast<size_t>(last - first) * out_row);
+    horizontal(src, stride, width, ch, first, last - first, chz, xsize, mirror, tmp.data());
+    vertical(tmp.data(), out_row, out_row, cv, ysize, dst);
   } else {
     // Vertical pass over only the columns the horizontal pass reads.
     const int first = chz.bounds[0];
     const int last = chz.bounds[xsize * 2 - 2] + chz.bounds[xsize * 2 - 1];
     for (int i = 0; i < xsize; ++i) chz.bounds[i * 2] -= first;
     const int cols = last - first;
-    std::vector<uint8_t> tmp(static_cast<size_t>(ysize) * cols * ch);
+    tmp.resize(static_cast<size_t>(ysize) * cols * ch);
     vertical(src + static_cast<size_t>(first) * ch, stride, static_cast<size_t>(cols) * ch, cv, ysize, tmp.data());
-    horizontal(tmp.data(), cols, ch, 0, ysize, chz, xsize, out.pixels.data());
+    horizontal(tmp.data(), static_cast<size_t>(cols) * ch, cols, ch, 0, ysize, chz, xsize, mirror, dst);
   }
+}
+
+void resample(const uint8_t* src, int height, int width, int ch, BoxF box, Size size, Image& out) {
+  out.height = size.height;
+  out.width = size.width;
+  out.channels = ch;
+  out.pixels.resize(static_cast<size_t>(size.height) * size.width * ch);
+  resample_into(src, static_cast<size_t>(width) * ch, height, width, ch, box, size, false, out.pixels.data());
 }
 
 }  // namespace spindle::ops::detail

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <utility>
@@ -74,6 +75,22 @@ inline constexpr int64_t kMaxImagePixels = 178956970;
 // PNG: libspng decodes the whole image, then crop + resize.
 void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& crop,
             const std::optional<Size>& size, Image& out);
+
+// What a pipeline does to one sample, chosen once the image's size is known.
+struct CropPlan {
+  CropBox box;
+  bool mirror = false;  // horizontal flip of the result
+};
+
+// A pipeline's whole per-sample step in one call, with nothing allocated once
+// a thread has warmed up: reads the header once, asks `plan` for the crop and
+// flip (given the image's height and width), decodes only that crop as
+// decode() does (same DCT-scaling rule), resizes it to `size`, mirrors it when
+// asked (inside the resize's horizontal pass) and writes size.height x
+// size.width x 3 bytes to `out`. The pixels are those of decode(crop, size)
+// followed by hflip, bit for bit. `plan` may throw; it runs once.
+void decode_resized(std::span<const std::byte> encoded, const std::function<CropPlan(int height, int width)>& plan,
+                    Size size, std::span<uint8_t> out);
 
 // torchvision.transforms.RandomResizedCrop.get_params: up to 10 tries of an
 // area fraction uniform in `scale` and a log-uniform aspect ratio (w/h) in
