@@ -145,11 +145,20 @@ def describe_process(pid: int) -> dict[str, Any] | None:
         "name": status.get("Name", "").strip(),
         "cmdline": cmdline,
         "threads": len(threads),
-        # A worker is a fork of a consumer: both map spindle's extension.
-        "spindle_worker": "spindle" in loaded and "spindle" in runtimes_of_libraries(mapped_libraries(parent) or []),
+        "spindle_worker": _is_spindle_worker(loaded, cmdline, parent),
         "runtimes_loaded": loaded,
         "groups": out_groups,
     }
+
+
+def _is_spindle_worker(loaded: list[str], cmdline: str, parent: int) -> bool:
+    """A worker maps spindle's extension, as its consumer (the parent) does, and is either a fork of
+    it (no exec: the same command line) or a spawned worker (`python -m spindle._spawned`). A program
+    that a spindle consumer merely started (fork + exec, e.g. a test's subprocess) is not one."""
+    if "spindle" not in loaded or "spindle" not in runtimes_of_libraries(mapped_libraries(parent) or []):
+        return False
+    parent_cmdline = (_read(f"/proc/{parent}/cmdline") or "").replace("\0", " ").strip()
+    return cmdline == parent_cmdline or "spindle._spawned" in cmdline
 
 
 def collect(pid: int | None = None) -> dict[str, Any]:
