@@ -71,8 +71,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ulimit", type=int, metavar="HEADROOM", dest="ulimit_headroom",
                    help="run each loader as uid 65534 under ulimit -u = its tasks + 1 + HEADROOM (needs root and "
                         "setpriv); report who completes and how each failure reads")
-    p.add_argument("--peer-python", metavar="PYTHON", help="interpreter for the peers (another venv, e.g. with "
-                   "tensorflow or spdl); spindle's loaders stay in this one")
+    p.add_argument("--peer-python", metavar="PYTHON", help="another interpreter (a venv with tensorflow or spdl, "
+                   "say) for the peers that do not import in this one; spindle's loaders stay here")
     p.add_argument("--timeout", type=int, default=240, help="seconds one epoch may take before it counts as a "
                    "hang (default 240)")
     p.add_argument("--out", default="spindle-bench", help="folder for bench.json and the plots (default "
@@ -170,12 +170,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     runs: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     try:
-        used = [x for x in s.loaders if any(x in harness.WORKLOAD_LOADERS[w] for w in s.workloads)]
-        for name in used:
-            env = harness._child_env(name, s, staging)
-            why = harness.check_importable(harness.python_for(name, s), harness.LOADER_MODULES[name], env)
-            if why:
-                skipped[name] = why
+        skipped = harness.find_loaders(s, staging)
         s.loaders = tuple(x for x in s.loaders if x not in skipped)
         order = plan(s)
         print(f"spindle bench: {len(order)} epochs ({', '.join(s.workloads)}; workers {s.workers}; "

@@ -117,11 +117,11 @@ def _tf_data(P: dict[str, Any], ds: Any) -> Callable[[], Iterable[Any]]:
     import tensorflow as tf
 
     w, b = P["workers"], P["batch"]
-    order = np.random.default_rng(0).permutation(len(ds)) if P["shuffle"] else np.arange(len(ds))
     if P["workload"] == "jpeg-native":
         from .workloads import folder_samples
 
         files = folder_samples(P["root"])
+        order = np.random.default_rng(0).permutation(len(files))
         paths = tf.constant([files[i][0] for i in order])
         labels = tf.constant([files[i][1] for i in order], tf.int64)
         size = P["size"]
@@ -142,6 +142,7 @@ def _tf_data(P: dict[str, Any], ds: Any) -> Callable[[], Iterable[Any]]:
             d = tf.data.Dataset.from_tensor_slices((paths, labels)).map(load, num_parallel_calls=w)
             return d.batch(b).prefetch(2).as_numpy_iterator()
         return make
+    order = np.random.default_rng(0).permutation(len(ds)) if P["shuffle"] else np.arange(len(ds))
     first = ds[0]
 
     def get(i: Any) -> Any:
@@ -227,7 +228,9 @@ def main() -> None:
         sys.stdout.flush()
 
     def on_alarm(signum: int, frame: Any) -> None:
-        report.update(outcome="hang", error=f"no end of epoch after {P['alarm_s']} s; stack:\n"
+        where = traceback.extract_stack(frame)[-1]
+        report.update(outcome="hang", error=f"no end of epoch after {P['alarm_s']} s, waiting in {where.name} "
+                      f"({os.path.basename(where.filename)}:{where.lineno}); stack:\n"
                       + "".join(traceback.format_stack(frame))[-2000:])
         emit()
         _stop_descendants()

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -77,16 +77,35 @@ class Settings:
     python: str = sys.executable
     peer_python: Optional[str] = None
     ulimit_headroom: Optional[int] = None
+    elsewhere: dict[str, str] = field(default_factory=dict)  # loader -> the interpreter it was found in
 
 
 def python_for(loader: str, s: Settings) -> str:
-    """The interpreter a loader runs in: spindle's own; peers in ``--peer-python`` when given;
-    as uid 65534, Debian's python3 (the uid cannot read a per-user interpreter)."""
+    """The interpreter a loader runs in: this one; ``--peer-python`` for a peer that does not
+    import here but does there; as uid 65534, Debian's python3 (the uid cannot read a per-user
+    interpreter)."""
     if s.ulimit_headroom is not None:
         return SYSTEM_PYTHON
-    if s.peer_python and not is_spindle(loader):
-        return s.peer_python
-    return s.python
+    return s.elsewhere.get(loader, s.python)
+
+
+def find_loaders(s: Settings, staging: "Staging") -> dict[str, str]:
+    """Checks every loader of `s` in the interpreter it would run in (then in ``--peer-python``);
+    records where each was found in ``s.elsewhere``; returns {loader: why it is skipped}."""
+    skipped = {}
+    used = [x for x in s.loaders if any(x in WORKLOAD_LOADERS[w] for w in s.workloads)]
+    for name in used:
+        why = check_importable(python_for(name, s), LOADER_MODULES[name], _child_env(name, s, staging))
+        if why and s.peer_python and s.ulimit_headroom is None and not is_spindle(name):
+            s.elsewhere[name] = s.peer_python
+            there = check_importable(s.peer_python, LOADER_MODULES[name], _child_env(name, s, staging))
+            if there is None:
+                continue
+            del s.elsewhere[name]
+            why = f"{why}; {there}"
+        if why:
+            skipped[name] = why
+    return skipped
 
 
 class Staging:
