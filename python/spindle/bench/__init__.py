@@ -163,9 +163,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         print(f"image folder: {s.root} ({s.images} generated JPEGs)", file=sys.stderr, flush=True)
         make_image_folder(s.root, s.images)
-    repo = Path(__file__).resolve().parents[3]
+    # Run from a spindle checkout, the results also name its commit and what changed since the build.
+    repo = Path.cwd() if (Path.cwd() / "runtime").is_dir() and (Path.cwd() / "python" / "spindle").is_dir() else None
     started = time.time()
-    info = machine_info(repo if (repo / "runtime").is_dir() else None, s.peer_python)
+    info = machine_info(repo, s.peer_python)
     staging = harness.Staging()
     runs: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -202,6 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
            "skipped": skipped, "results": rows, "advice": advice, "node_budget": budget,
            "plots": [str(p) for p in plots], "runs": runs}
     (out_dir / "bench.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out_dir / "bench.md").write_text(report.format_markdown(doc) if s.ulimit_headroom is None
+                                      else report.format_ulimit_markdown(doc))
     if s.ulimit_headroom is not None:
         text_out.write(report.format_ulimit_table(runs))
         if skipped:

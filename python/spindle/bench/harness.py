@@ -214,10 +214,10 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
                f"ulimit -u {limit} && exec \"$@\"", "bash", *cmd]
         cwd = str(staging.root)
     _reaped_children_cpu()  # from here on, RUSAGE_CHILDREN grows only by this child
-    busy0, wall0 = tree.busy_cpu_seconds(), time.perf_counter()
+    busy0, wall0, self0 = tree.busy_cpu_seconds(), time.perf_counter(), _self_cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     killed = False
-    with tree.TreeSampler(proc.pid, uid=uid) as sampler:
+    with tree.TreeSampler(proc.pid, period_s=0.02, pss_every=3, uid=uid) as sampler:
         try:
             out, err = proc.communicate(timeout=s.kill_after_s)
         except subprocess.TimeoutExpired:
@@ -227,6 +227,7 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
     wall = time.perf_counter() - wall0
     busy = tree.busy_cpu_seconds() - busy0
     own = _reaped_children_cpu()  # the child's whole life, with the workers it reaped
+    harness_cpu = _self_cpu() - self0  # this process meanwhile: mostly the sampler
     report = _last_json(out) or {"outcome": "killed" if killed else "no report",
                                  "error": (err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]}
     if killed:
@@ -237,8 +238,9 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
                   peak_threads=max(p.threads, report.get("tree_threads_at_first_batch", 0)),
                   peak_processes=max(p.processes, report.get("tree_processes_at_first_batch", 0)),
                   peak_pss_mib=round(p.pss_kib / 1024, 1), sampler_polls=p.polls, wall_s=round(wall, 2),
-                  machine_busy_cpu_s=round(busy, 2), child_cpu_s=round(own, 2),
-                  foreign_cpu_share=round(max(0.0, busy - own) / (wall * len(os.sched_getaffinity(0))), 3),
+                  machine_busy_cpu_s=round(busy, 2), child_cpu_s=round(own, 2), harness_cpu_s=round(harness_cpu, 2),
+                  foreign_cpu_share=round(max(0.0, busy - own - harness_cpu)
+                                          / (wall * len(os.sched_getaffinity(0))), 3),
                   stderr_tail=err[-1500:] if report.get("outcome") != "completed" else "")
     if uid is not None:
         report.update(ulimit_u=limit, uid_tasks_peak=p.uid_tasks, headroom=s.ulimit_headroom)
@@ -253,6 +255,13 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
 
 
 _last_children_cpu = [0.0]
+
+
+def _self_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _reaped_children_cpu() -> float:

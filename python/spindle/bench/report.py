@@ -135,11 +135,15 @@ def advice(rows: list[dict[str, Any]], budget: Optional[int]) -> list[dict[str, 
             out.append({"workload": workload, "loader": loader, "fits": True, "workers": best["workers"],
                         "samples_per_s": best["samples_per_s"], "peak_threads": best["peak_threads"],
                         "workers_within_5pct": enough["workers"],
-                        "text": f"{best['workers']} workers: {_fmt_rate(best['samples_per_s'])} samples/s, "
+                        "text": f"{_workers_text(best['workers'])}: {_fmt_rate(best['samples_per_s'])} samples/s, "
                                 f"{best['peak_threads']} threads"
-                                + (f" ({enough['workers']} workers reach 95% of it with "
+                                + (f" ({_workers_text(enough['workers'])} reach 95% of it with "
                                    f"{enough['peak_threads']} threads)" if enough is not best else "")})
     return out
+
+
+def _workers_text(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
 
 
 def format_advice(items: list[dict[str, Any]], budget: dict[str, Any]) -> str:
@@ -149,7 +153,7 @@ def format_advice(items: list[dict[str, Any]], budget: dict[str, Any]) -> str:
         fitting = [a for a in mine if a["fits"]]
         if fitting:
             top = max(fitting, key=lambda a: a["samples_per_s"])
-            out.append(f"  {workload}: best within the budget: {top['loader']} with {top['workers']} workers "
+            out.append(f"  {workload}: best within the budget: {top['loader']} with {_workers_text(top['workers'])} "
                        f"({_fmt_rate(top['samples_per_s'])} samples/s, {top['peak_threads']} threads)")
         out.extend(f"    {a['loader']:26} {a['text']}" for a in mine)
     return "\n".join(out) + "\n"
@@ -198,3 +202,63 @@ def plot(rows: list[dict[str, Any]], out_dir: Path, meta: str) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def format_markdown(doc: dict[str, Any]) -> str:
+    """The results as Markdown (bench.md beside bench.json): what docs/benchmarks.md's top part pastes."""
+    m = doc["machine"]
+    v = m.get("versions", {})
+    peers = ", ".join(f"{k} {x}" for k, x in v.items() if x) or "?"
+    out = [f"Command: `{doc['command']}`", "",
+           f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_total_gib']} GiB, Linux {m['kernel']}, "
+           f"Python {m['python']}; {peers}."]
+    if m.get("peer_versions"):
+        pv = ", ".join(f"{k} {x}" for k, x in m["peer_versions"].items() if x)
+        out.append(f"Peers not importable here ran in `{m['peer_python']}`: {pv}.")
+    foreign = [r.get("foreign_cpu_share", 0) for r in doc["runs"]]
+    out.append(f"Date {m['date']}, git `{m.get('git', '?')}`, {doc['wall_s']:.0f} s in all. Load average "
+               f"{m['load_average_at_start']} at the start, {doc['load_average_at_end']} at the end; other "
+               f"processes took a median {100 * statistics.median(foreign) if foreign else 0:.0f}% (max "
+               f"{100 * max(foreign) if foreign else 0:.0f}%) of the machine's CPU time during the runs.")
+    out.append("")
+    for workload in dict.fromkeys(r["workload"] for r in doc["results"]):
+        out += [f"**{workload}**", "",
+                "| loader | workers | samples/s (median) | min–max | steady/s | first batch | peak threads | "
+                "processes | PSS MiB | CPU-s / 1k samples |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in doc["results"] if r["workload"] == workload):
+            if r["completed"]:
+                out.append(f"| {r['loader']} | {r['workers']} | {_fmt_rate(r['samples_per_s'])} | "
+                           f"{_fmt_rate(r['samples_per_s_min'])}–{_fmt_rate(r['samples_per_s_max'])} | "
+                           f"{_fmt_rate(r['steady_samples_per_s'])} | {r['first_batch_s']:.3f} s | "
+                           f"{r['peak_threads']} | {r['peak_processes']} | {r['peak_pss_mib']:.0f} | "
+                           f"{r['cpu_s_per_1000']:.3f} |")
+            for f in r.get("failures", [])[:1]:
+                out.append(f"| {r['loader']} | {r['workers']} | {f['outcome']} ({len(r['failures'])} of "
+                           f"{r['rounds']}): {f['error'].replace('|', '/')} | | | | | | | |")
+        out.append("")
+    if doc["skipped"]:
+        out.append("Skipped (not faked): " + "; ".join(f"{k}: {x}" for k, x in doc["skipped"].items()) + ".")
+        out.append("")
+    b = doc["node_budget"]
+    out.append(f"Advice (thread budget {b['budget']} tasks: {b['source']}):")
+    out.append("")
+    for a in doc["advice"]:
+        out.append(f"- {a['workload']}, {a['loader']}: {a['text']}")
+    return "\n".join(out) + "\n"
+
+
+def format_ulimit_markdown(doc: dict[str, Any]) -> str:
+    """--ulimit mode as Markdown: one row per loader, who completed and how each failure reads."""
+    m = doc["machine"]
+    out = [f"Command: `{doc['command']}` ({m['date']}, load average {m['load_average_at_start']} -> "
+           f"{doc['load_average_at_end']})", "",
+           "| workload | loader | workers | outcome | ulimit -u | peak tasks of the uid | seconds | how it failed |",
+           "|---|---|---:|---|---:|---:|---:|---|"]
+    for r in doc["runs"]:
+        err = "" if r.get("outcome") == "completed" else first_line(r.get("error", "")).replace("|", "/")
+        out.append(f"| {r['workload']} | {r['loader']} | {r['workers']} | {r.get('outcome')} | {r.get('ulimit_u')} | "
+                   f"{r.get('uid_tasks_peak')} | {r.get('wall_s', 0):.1f} | {err} |")
+    if doc["skipped"]:
+        out += ["", "Skipped (not faked): " + "; ".join(f"{k}: {x}" for k, x in doc["skipped"].items()) + "."]
+    return "\n".join(out) + "\n"
