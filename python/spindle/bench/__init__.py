@@ -51,7 +51,7 @@ def _workers(text: str) -> tuple[int, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="spindle bench", description=__doc__.split("\n\n")[0],
+        prog="spindle bench", description=__doc__.split("\n\n")[0].replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="workloads: arrays (transport-bound 64x64x3 uint8), jpeg-pil (PIL decode + random-resized-crop "
                "224 + flip in Python), jpeg-native (the same in each loader's native ops), dataset (--dataset).\n"
