@@ -209,7 +209,8 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
     uid = None
     if s.ulimit_headroom is not None:
         uid = NOBODY
-        limit = tree.uid_tasks(NOBODY) + 1 + s.ulimit_headroom
+        base_tasks = tree.uid_tasks(NOBODY)
+        limit = base_tasks + 1 + s.ulimit_headroom
         cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "bash", "-c",
                f"ulimit -u {limit} && exec \"$@\"", "bash", *cmd]
         cwd = str(staging.root)
@@ -226,6 +227,8 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
             out, err = proc.communicate()
     wall = time.perf_counter() - wall0
     busy = tree.busy_cpu_seconds() - busy0
+    _wait_gone(sampler.peaks.pids_seen, NOBODY if uid is not None else None,
+               base_tasks if uid is not None else 0)
     own = _reaped_children_cpu()  # the child's whole life, with the workers it reaped
     harness_cpu = _self_cpu() - self0  # this process meanwhile: mostly the sampler
     report = _last_json(out) or {"outcome": "killed" if killed else "no report",
@@ -252,6 +255,17 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
             report["error"] = (f"{report.get('samples')} samples with label sum {report.get('label_sum')}, "
                                f"expected {n} with {label_sum}")
     return report
+
+
+def _wait_gone(pids: set[int], uid: Optional[int], base_tasks: int, limit_s: float = 15.0) -> None:
+    """Waits until the processes of the last tree have exited (and, as uid 65534, until that uid is back
+    to its tasks before the run), so killed workers still dying do not count against the next loader."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        if not alive and (uid is None or tree.uid_tasks(uid) <= base_tasks):
+            return
+        time.sleep(0.05)
 
 
 _last_children_cpu = [0.0]
