@@ -18,9 +18,10 @@ from typing import Any
 
 from .tree import load_average
 
-# Import name -> distribution name, for every peer the harness can run.
-PEER_MODULES = {"spindle": "spindle", "numpy": "numpy", "torch": "torch", "torchdata": "torchdata", "grain": "grain", "jax": "jax",
-                "tensorflow": "tensorflow", "spdl": "spdl", "PIL": "pillow", "torchvision": "torchvision"}
+# Import name -> its distribution names, for every peer the harness can run.
+PEER_MODULES = {"spindle": ["spindle"], "numpy": ["numpy"], "torch": ["torch"], "torchdata": ["torchdata"],
+                "grain": ["grain"], "jax": ["jax"], "tensorflow": ["tensorflow", "tensorflow-cpu"],
+                "spdl": ["spdl"], "PIL": ["pillow"], "torchvision": ["torchvision"]}
 
 
 def cpu_model() -> str:
@@ -50,9 +51,11 @@ def mem_total_gib() -> float:
 def versions(python: str = sys.executable) -> dict[str, str]:
     """Version of every peer as `python` sees it (a subprocess, so nothing is imported here)."""
     code = ("import importlib.metadata as m, json\nout = {}\n"
-            f"for mod, dist in {PEER_MODULES!r}.items():\n"
-            "    try: out[mod] = m.version(dist)\n"
-            "    except Exception: out[mod] = None\n"
+            f"for mod, dists in {PEER_MODULES!r}.items():\n"
+            "    out[mod] = None\n"
+            "    for dist in dists:\n"
+            "        try: out[mod] = m.version(dist); break\n"
+            "        except Exception: pass\n"
             "print(json.dumps(out))")
     try:
         done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)

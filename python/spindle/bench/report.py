@@ -137,7 +137,8 @@ def advice(rows: list[dict[str, Any]], budget: Optional[int]) -> list[dict[str, 
                         "workers_within_5pct": enough["workers"],
                         "text": f"{_workers_text(best['workers'])}: {_fmt_rate(best['samples_per_s'])} samples/s, "
                                 f"{best['peak_threads']} threads"
-                                + (f" ({_workers_text(enough['workers'])} reach 95% of it with "
+                                + (f" ({_workers_text(enough['workers'])} reach{'es' if enough['workers'] == 1 else ''} "
+                                   f"95% of it with "
                                    f"{enough['peak_threads']} threads)" if enough is not best else "")})
     return out
 
