@@ -12,14 +12,20 @@ FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev pkg-config $(FUZZ_APT_PACKAGES)
-PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow torchdata==0.11.*
+PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
+	matplotlib tqdm torchdata==0.11.*
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
-	bench bench-peers peers-venv clean fuzz-deps fuzz-build fuzz fuzz-smoke
+	bench bench-cpp bench-peers peers-venv clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
+# The newcomer's first minute: build and install, generate a small ImageNet-like folder
+# (no network), then spindle against torch's DataLoader and the native pipeline, side
+# by side; prints the table and where the plots went.
+DEMO_OUT ?= build/demo
 demo: install-py
-	$(PY) python/examples/demo.py
+	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,spindle-native-processes,spindle-native-threads \
+	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
 test: test-cpp fuzz-smoke test-sanitizers test-py
 
@@ -97,8 +103,11 @@ peer-torch: install-py
 	tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
-bench: build-cpp install-py
-	./build/cpp/bench/cpp/ring_bench --benchmark_min_time=0.2
+# `spindle bench` (every installed peer, every workload; the command of docs/benchmarks.md's
+# top part) after the Google Benchmark suites and the older per-question scripts.
+BENCH_ARGS ?=
+bench: bench-cpp install-py
+	$(VENV)/bin/spindle bench --out bench/results/spindle-bench $(BENCH_ARGS)
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
 	$(PY) bench/python/grain_bench.py
@@ -122,7 +131,12 @@ $(PEERS_VENV)/.peers-ok: Makefile
 	touch $@
 
 bench-peers: peers-venv
-	flock /tmp/spindle-bench.lock $(PEERS_VENV)/bin/python bench/python/native_bench.py
+	$(PEERS_VENV)/bin/python bench/python/native_bench.py
+
+# The Google Benchmark suites of bench/cpp, one after the other (Debian's libbenchmark
+# 1.7.1 wants a plain number for --benchmark_min_time, not `0.2s`).
+bench-cpp: build-cpp
+	@for b in ring_bench image_ops_bench; do echo "== $$b"; ./build/cpp/bench/cpp/$$b --benchmark_min_time=0.2 || exit 1; done
 
 # --- fuzzing: libFuzzer targets in tests/fuzz (see tests/fuzz/README.md) ----
 # Built with clang beside the g++ build: each target compiles the few runtime

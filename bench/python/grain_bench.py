@@ -163,55 +163,6 @@ def make_loader(peer: str, source: InMemoryImages) -> Iterable[Any]:
 
 # ---- threads of the loader tree --------------------------------------------------------------
 
-def _stat_fields(pid: int) -> Optional[list[bytes]]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and ')'
-    except OSError:  # exited while we looked
-        return None
-
-
-class ProcessTree:
-    """Threads of a root process and of its descendants, read from /proc.
-
-    thread_bench.tree_threads reads every /proc/*/stat (1.2 ms in Python with
-    80 processes): too much to repeat every few ms beside a loader on 2 CPUs.
-    A process's parent only changes when that parent dies (init adopts it),
-    so each pid's ppid is read once; a poll lists /proc and reads only the
-    stat files of new pids and of the tree (0.36 ms with a 17-process tree).
-    """
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-        self._ppid: dict[int, int] = {}
-
-    def threads(self) -> dict[int, int]:
-        """{pid: threads} of the root and all its descendants, now."""
-        live = {int(e) for e in os.listdir("/proc") if e.isdigit()}
-        for pid in self._ppid.keys() - live:
-            del self._ppid[pid]
-        for pid in live - self._ppid.keys():
-            fields = _stat_fields(pid)
-            if fields is not None:
-                self._ppid[pid] = int(fields[1])  # field 4: ppid
-        children: dict[int, list[int]] = {}
-        for pid, ppid in self._ppid.items():
-            children.setdefault(ppid, []).append(pid)
-        tree: dict[int, int] = {}
-        stack = [self.root]
-        while stack:
-            pid = stack.pop()
-            fields = _stat_fields(pid)
-            if fields is None:
-                continue
-            if pid != self.root and int(fields[1]) != self._ppid.get(pid):
-                self._ppid[pid] = int(fields[1])  # adopted by init: no longer in the tree
-                continue
-            tree[pid] = int(fields[17])  # field 20: num_threads
-            stack.extend(children.get(pid, ()))
-        return tree
-
-
 def describe(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -224,7 +175,7 @@ class TreeSampler:
     """Polls the loader tree from a thread of the consumer: the consumer's threads, less the sampler,
     plus the threads of every descendant process."""
 
-    def __init__(self, tree: ProcessTree) -> None:
+    def __init__(self, tree: Any) -> None:
         self.tree = tree
         self.me = tree.root
         self.at_start = set(tree.threads()) - {self.me}  # helpers left running by earlier epochs
@@ -284,7 +235,7 @@ def close_iterator(it: Any) -> None:
             close()
 
 
-def run_epoch(peer: str, loader: Iterable[Any], train_step: Callable[[Any], None], tree: ProcessTree,
+def run_epoch(peer: str, loader: Iterable[Any], train_step: Callable[[Any], None], tree: Any,
               records: int, save_dir: Optional[Path] = None, reference_dir: Optional[Path] = None) -> dict[str, Any]:
     """One pass over `loader`, a JAX step after every batch. `save_dir`: where to save the batches;
     `reference_dir`: saved batches to compare with, np.array_equal batch by batch."""
@@ -349,6 +300,10 @@ def child_main(args: argparse.Namespace) -> int:
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    # spindle.bench.tree: the one code path for a process tree (imported here, not at the top,
+    # so grain's spawned workers, which re-import this module, do not load spindle).
+    from spindle.bench.tree import ProcessTree
 
     tree = ProcessTree(os.getpid())
     threads_at_start = consumer_threads()

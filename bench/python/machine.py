@@ -1,147 +1,59 @@
-"""What every benchmark result records next to its numbers: the machine and the versions.
+"""What every bench/python result records next to its numbers, from the package's harness.
 
-Numbers from bench/python are only comparable within one run (they are
-reported as ratios between peers measured side by side), but the machine
-still says how to read them: on 2 cores the consumer and the workers share
-the CPUs, on 16 they do not.
+The measuring code lives in one place, ``spindle.bench`` (``spindle bench`` is the
+harness users run): ``spindle.bench.machine`` says what the machine and the versions
+were, ``spindle.bench.tree`` measures process trees and the machine's busy time. This
+module keeps the small interface the per-question scripts here were written against
+(``machine_info``, ``load_average``, ``ForeignCpu``, ``write_results``).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
+# spindle.bench is imported inside the functions: grain's spawned workers re-import the
+# main module of grain_bench.py, which imports this one, and must not load spindle.
+
+__all__ = ["RESULTS_DIR", "ForeignCpu", "load_average", "machine_info", "write_results"]
+
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def machine_info() -> dict[str, Any]:
+    """The machine, the interpreter and the libraries the numbers came from; numpy, torch and
+    spindle also as top-level keys, as the earlier results have them."""
+    from spindle.bench import machine
 
-
-def _mem_total_gib() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return 0.0
-
-
-def _version(module: str) -> str:
-    try:
-        return __import__(module).__version__
-    except Exception as exc:  # a missing peer is recorded, not fatal
-        return f"not importable ({type(exc).__name__})"
+    info = machine.machine_info(REPO)
+    for name in ("numpy", "torch", "spindle"):
+        info[name] = info["versions"].get(name) or "not importable"
+    return info
 
 
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages: other work on the machine skews every peer's numbers."""
-    return [round(x, 2) for x in os.getloadavg()]
+    from spindle.bench.tree import load_average as spindle_load_average
 
-
-def _git_revision() -> str:
-    """The repository commit, with "+dirty" when the tree has uncommitted changes."""
-    import subprocess
-
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (rev or "unknown") + ("+dirty" if dirty else "")
-
-
-def _spindle_install() -> dict[str, Any]:
-    """When the imported spindle extension was built, and whether the sources changed since.
-
-    The benchmarks measure the installed package, which can lag the working
-    tree (`make install-py` rebuilds it); the git revision alone would hide that.
-    """
-    try:
-        import spindle._core as core
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    built = os.path.getmtime(core.__file__)
-    repo = Path(__file__).resolve().parents[2]
-    newer = sorted(str(f.relative_to(repo)) for top in ("runtime", "python") if (repo / top).is_dir()
-                   for f in (repo / top).rglob("*") if f.is_file() and "__pycache__" not in f.parts
-                   and f.stat().st_mtime > built)
-    return {"extension": core.__file__,
-            "built": datetime.datetime.fromtimestamp(built, datetime.timezone.utc).isoformat(timespec="seconds"),
-            "sources_changed_since_build": newer}
-
-
-def machine_info() -> dict[str, Any]:
-    """The machine, the interpreter and the libraries the numbers came from."""
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "mem_total_gib": _mem_total_gib(),
-        "kernel": platform.release(),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-        "numpy": _version("numpy"),
-        "torch": _version("torch"),
-        "spindle": _version("spindle"),
-        "git": _git_revision(),
-        "spindle_install": _spindle_install(),
-        "uid": os.getuid(),
-        "load_average_at_start": load_average(),
-    }
+    return spindle_load_average()
 
 
 def _busy_cpu_seconds() -> float:
-    """CPU time all CPUs spent not idle since boot (first line of /proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    from spindle.bench.tree import busy_cpu_seconds
 
-
-def _live_descendants_cpu_seconds() -> float:
-    """CPU time so far of this process's live descendants (workers not yet reaped), from /proc/*/stat."""
-    parent_of: dict[int, int] = {}
-    ticks_of: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        parent_of[int(entry)] = int(fields[1])                    # field 4: ppid
-        ticks_of[int(entry)] = int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
-    tree, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, ppid in parent_of.items() if ppid in frontier and pid not in tree}
-        tree |= frontier
-    return sum(ticks_of[pid] for pid in tree) / os.sysconf("SC_CLK_TCK")
+    return busy_cpu_seconds()
 
 
 def _own_cpu_seconds() -> float:
     """CPU time of this process and of its children: reaped ones (os.times) and live ones (/proc)."""
+    from spindle.bench.tree import ProcessTree
+
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_seconds()
+    live = sum(st.cpu_s for pid, st in ProcessTree(os.getpid()).stats().items() if pid != os.getpid())
+    return t.user + t.system + t.children_user + t.children_system + live
 
 
 class ForeignCpu:

@@ -28,13 +28,11 @@ Writes bench/results/threads.json.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -44,7 +42,9 @@ from machine import machine_info, write_results
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # tests/unprivileged.py
 
-from unprivileged import NOBODY, run_limited, uid_tasks  # noqa: E402
+from unprivileged import NOBODY, run_limited  # noqa: E402
+
+from spindle.bench.tree import TreeSampler, uid_tasks  # noqa: E402 - the one code path for a tree
 
 NUM_WORKERS = 16
 NUM_SAMPLES = 4096
@@ -57,33 +57,6 @@ SAMPLE_PERIOD_S = 0.003
 LOADERS = ("spindle", "torch")
 
 
-def tree_threads(root: int) -> dict[int, int]:
-    """Threads of `root` and of every descendant process, by pid, read from /proc/*/stat."""
-    parent_of: dict[int, int] = {}
-    threads_of: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # exited while we looked
-            continue
-        fields = stat.rsplit(b")", 1)[1].split()  # the command name may hold spaces and ')'
-        pid = int(entry)
-        parent_of[pid] = int(fields[1])   # field 4: ppid
-        threads_of[pid] = int(fields[17])  # field 20: num_threads
-    if root not in threads_of:
-        return {}
-    tree = {root: threads_of[root]}
-    frontier = [root]
-    while frontier:
-        parents = set(frontier)
-        frontier = [pid for pid, ppid in parent_of.items() if ppid in parents and pid not in tree]
-        tree.update((pid, threads_of[pid]) for pid in frontier)
-    return tree
-
-
 # One epoch with one loader, in its own process. Prints one JSON line.
 LOADER_EPOCH = r'''
 import json, os, resource, signal, sys, traceback
@@ -91,7 +64,7 @@ import numpy as np
 
 P = json.loads(PARAMS_JSON)
 
-TREE_THREADS_SOURCE
+from spindle.bench.tree import tree_threads
 
 class SmallImages:
     def __len__(self): return P["samples"]
@@ -169,8 +142,7 @@ emit()
 def loader_epoch_script(loader: str) -> str:
     params = {"loader": loader, "workers": NUM_WORKERS, "samples": NUM_SAMPLES, "batch": BATCH_SIZE,
               "timeout": LOADER_TIMEOUT_S, "alarm_s": CHILD_ALARM_S}
-    return (LOADER_EPOCH.replace("PARAMS_JSON", repr(json.dumps(params)))
-            .replace("TREE_THREADS_SOURCE", inspect.getsource(tree_threads)))
+    return LOADER_EPOCH.replace("PARAMS_JSON", repr(json.dumps(params)))
 
 
 def last_json_line(text: str) -> Optional[dict[str, Any]]:
@@ -187,45 +159,19 @@ def run_as_root(loader: str) -> dict[str, Any]:
     """Part (a): one epoch in a child process, its tree sampled from here."""
     child = subprocess.Popen([sys.executable, "-c", loader_epoch_script(loader)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    peak, peak_procs, samples = 0, 0, 0
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while child.poll() is None and time.monotonic() < deadline:
-        tree = tree_threads(child.pid)
-        peak, peak_procs = max(peak, sum(tree.values())), max(peak_procs, len(tree))
-        samples += 1
-        time.sleep(SAMPLE_PERIOD_S)
-    if child.poll() is None:
-        child.kill()
-    out, err = child.communicate()
+    with TreeSampler(child.pid, period_s=SAMPLE_PERIOD_S) as sampler:
+        try:
+            out, err = child.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
     report = last_json_line(out) or {"outcome": "no report", "error": err[-3000:]}
-    report.update(peak_tree_threads_sampled=peak, peak_tree_processes_sampled=peak_procs,
-                  sampler_polls=samples, returncode=child.returncode)
+    p = sampler.peaks
+    report.update(peak_tree_threads_sampled=p.threads, peak_tree_processes_sampled=p.processes,
+                  sampler_polls=p.polls, returncode=child.returncode)
     if loader == "spindle" and "arena_threads" in report:
         report["spindle_bound"] = report["consumer_threads_before"] + NUM_WORKERS + report["arena_threads"]
     return report
-
-
-class UidTaskSampler:
-    """Polls the tasks of one uid (what RLIMIT_NPROC is checked against) from a thread of this process."""
-
-    def __init__(self, uid: int) -> None:
-        self.uid = uid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, uid_tasks(self.uid))
-            time.sleep(SAMPLE_PERIOD_S)
-
-    def __enter__(self) -> "UidTaskSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def torch_site_packages() -> str:
@@ -238,7 +184,7 @@ def run_under_ulimit(loader: str) -> dict[str, Any]:
     """Part (b): one epoch as uid 65534 with HEADROOM tasks of ulimit -u headroom."""
     base = uid_tasks(NOBODY)
     started = time.perf_counter()
-    with UidTaskSampler(NOBODY) as sampler:
+    with TreeSampler(None, period_s=SAMPLE_PERIOD_S, uid=NOBODY) as sampler:
         try:
             done = run_limited(loader_epoch_script(loader), headroom=HEADROOM, timeout=RUN_TIMEOUT_S,
                                extra_path=(torch_site_packages(),))
@@ -250,7 +196,7 @@ def run_under_ulimit(loader: str) -> dict[str, Any]:
     if "error" not in report and report.get("outcome") != "completed":
         report["error"] = err[-3000:]
     report.update(returncode=rc, seconds=round(time.perf_counter() - started, 1),
-                  uid_tasks_before=base, ulimit_u=base + 1 + HEADROOM, uid_tasks_peak_sampled=sampler.peak,
+                  uid_tasks_before=base, ulimit_u=base + 1 + HEADROOM, uid_tasks_peak_sampled=sampler.peaks.uid_tasks,
                   stderr_tail=err[-1500:])
     return report
 

@@ -1,4 +1,4 @@
-"""The ``spindle`` command (``python -m spindle`` too). One subcommand: ``doctor``."""
+"""The ``spindle`` command (``python -m spindle`` too): ``doctor`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--pid", type=int, metavar="PID",
                         help="only this process (limits and use are then those of its uid and cgroup)")
-    args = parser.parse_args(argv)
+    commands.add_parser(
+        "bench", add_help=False,
+        help="run loaders (spindle, torch, torchdata, grain, tf.data, SPDL) side by side on identical workloads: "
+             "samples/s, first batch, threads, processes, PSS, CPU per sample; table, JSON, plots, advice "
+             "(spindle bench --help)")
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from . import doctor as doctor_module  # imports spindle's extension; after argument errors
 
