@@ -50,29 +50,11 @@ from pathlib import Path
 import numpy as np
 
 from machine import machine_info, write_results
+from spindle.bench.tree import ProcessTree
+from spindle.bench.workloads import make_image_folder  # the harness's folder: one generator
 
 SIZE = 224
 BATCH = 64
-
-
-def make_folder(root: Path, n: int) -> Path:
-    from PIL import Image
-
-    marker = root / f".complete-{n}"
-    if marker.exists():
-        return root
-    rng = np.random.default_rng(0)
-    for k in range(n):
-        cls = root / f"class{k % 10:02d}"
-        cls.mkdir(parents=True, exist_ok=True)
-        h, w = int(rng.integers(300, 501)), int(rng.integers(300, 501))
-        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-        base = np.stack([np.sin(x / rng.uniform(5, 40)), np.cos(y / rng.uniform(5, 40)),
-                         np.sin((x + y) / rng.uniform(5, 40))], -1)
-        img = ((base + 1) * 100 + rng.normal(0, 12, (h, w, 3))).clip(0, 255).astype(np.uint8)
-        Image.fromarray(img).save(cls / f"{k:05d}.jpg", quality=90)
-    marker.touch()
-    return root
 
 
 class PilImageFolder:
@@ -114,36 +96,15 @@ class PilImageFolder:
         return np.asarray(img), label
 
 
-def tree_threads(pid: int) -> int:
-    """Threads of `pid` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    threads: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-        threads[int(name)] = int(fields[17])
-    total, stack = 0, [pid]
-    while stack:
-        p = stack.pop()
-        total += threads.get(p, 0)
-        stack.extend(children.get(p, []))
-    return total
-
-
 def run_epoch(make, max_samples: int) -> tuple[float, int]:
     """Steady samples/s (after the first batch) and the peak threads of the tree."""
     peak = [0]
     stop = threading.Event()
+    tree = ProcessTree(os.getpid())
 
     def watch() -> None:
         while not stop.is_set():
-            peak[0] = max(peak[0], tree_threads(os.getpid()))
+            peak[0] = max(peak[0], sum(tree.threads().values()))
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -335,7 +296,7 @@ def main() -> int:
     if args.child:
         return child(args.child, Path(args.root), args.workers, args.samples)
 
-    root = make_folder(Path(args.root), args.images)
+    root = make_image_folder(Path(args.root), args.images)
     load_before = machine_info()["load_average_at_start"]
     names = [n for n in PEERS if n != "one thread" and (not args.only or n in args.only)]
     skipped: dict[str, str] = {}
