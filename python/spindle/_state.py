@@ -11,15 +11,17 @@ Resuming recomputes the epoch's order and skips the batches already handed
 out. Batch k of an epoch is made of the same samples whatever the worker
 count (in order, batches are cut from the order before any worker sees them),
 so a loader may resume with another ``num_workers``. What a dataset draws at
-random is made independent of the worker too: before each sample, the worker
-reseeds Python's ``random``, numpy's global generator (and torch's CPU
-generator in the torch drop-in) from (seed, epoch, sample index) — see
-:class:`Reseeded`.
+random is made independent of the worker too: the worker reseeds Python's
+``random``, numpy's global generator (and torch's CPU generator) before each
+batch from (seed, epoch, the batch's sample indices) in ``spindle.DataLoader``
+(:class:`BatchSeeds`), and before each sample from (seed, epoch, sample index)
+in the torch drop-in's ``StatefulDataLoader`` (:class:`Reseeded`).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import mmap
 import random
 import sys
@@ -27,7 +29,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["STATE_VERSION", "sample_seed", "Reseeded", "EpochCell", "Position", "Progress", "new_state", "check_state",
+__all__ = ["STATE_VERSION", "sample_seed", "batch_seed", "Reseeded", "BatchSeeds", "EpochCell", "Position", "Progress", "new_state", "check_state",
            "bytes_to_json", "json_to_bytes", "torch_imported"]
 
 STATE_VERSION = 1
@@ -50,6 +52,41 @@ def torch_imported() -> bool:
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """The 64-bit seed of sample `index` in `epoch` of a loader seeded with `seed`."""
     return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK))
+
+
+def batch_seed(seed: int, epoch: int, indices: Any) -> int:
+    """The 64-bit seed of the batch made of sample `indices` (in order) in `epoch` of a loader seeded
+    with `seed`: its indices as little-endian int64, hashed (BLAKE2b, 8 bytes), mixed as in sample_seed."""
+    digest = hashlib.blake2b(np.asarray(indices, dtype="<i8").tobytes(), digest_size=8).digest()
+    return _mix(_mix(_mix(seed & _MASK) ^ (epoch & _MASK)) ^ int.from_bytes(digest, "little"))
+
+
+def _seed_generators(s: int, torch_cpu: bool) -> None:
+    random.seed(s)
+    np.random.seed(s & 0xFFFFFFFF)
+    if torch_cpu:
+        sys.modules["torch"].default_generator.manual_seed(s >> 1)  # torch wants a seed below 2**63
+
+
+class BatchSeeds:
+    """``spindle.DataLoader``'s random streams: before each batch, the worker calls this with the
+    batch's sample indices, which seeds ``random``, numpy's global generator (and, with
+    ``torch_cpu``, torch's default CPU generator) from ``batch_seed(seed, epoch, indices)``; the
+    batch's samples then draw in order.
+
+    A batch is made of the same samples whatever the worker count or mode, and after a resume
+    (batches are cut from the epoch's order before any worker sees them), so its draws are the
+    same too. Seeding costs about 10 us, paid once a batch rather than once a sample (which made
+    tiny in-memory samples several times slower: bench/python/reseed_bench.py)."""
+
+    def __init__(self, seed: int, epoch: "int | EpochCell", torch_cpu: bool = False) -> None:
+        self._seed = seed
+        self._epoch = epoch
+        self._torch = bool(torch_cpu)
+
+    def __call__(self, indices: Any) -> None:
+        epoch = self._epoch if isinstance(self._epoch, int) else self._epoch.get()
+        _seed_generators(batch_seed(self._seed, epoch, indices), self._torch)
 
 
 class Reseeded:
@@ -75,11 +112,7 @@ class Reseeded:
         epoch = self._epoch if isinstance(self._epoch, int) else self._epoch.get()
         if epoch != self._key_epoch:
             self._key, self._key_epoch = _mix(self._seed ^ (epoch & _MASK)), epoch
-        s = _mix(self._key ^ (int(index) & _MASK))
-        random.seed(s)
-        np.random.seed(s & 0xFFFFFFFF)
-        if self._torch:
-            sys.modules["torch"].default_generator.manual_seed(s >> 1)  # torch wants a seed below 2**63
+        _seed_generators(_mix(self._key ^ (int(index) & _MASK)), self._torch)
         return self.dataset[index]
 
     def __len__(self) -> int:

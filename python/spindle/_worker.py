@@ -178,11 +178,13 @@ def _answer_failed_start(ctx: Any, failure: bytes) -> int:
     return 0
 
 
-def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None]) -> int:
+def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None],
+               seed_batch: Optional[Callable[[list[int]], None]] = None) -> int:
     """Claims batches until the loader closes. `transport` (ArrayBatches or
     CollatedBatches) writes each batch into its slot; `setup(worker_id,
     num_workers)` seeds the worker and runs the user's init function before
-    any sample is read."""
+    any sample is read; `seed_batch(indices)`, if given, reseeds the random
+    generators before each batch (spindle.DataLoader with a seed: BatchSeeds)."""
     if (failure := _start(ctx, setup)) is not None:
         return _answer_failed_start(ctx, failure)
     worker_id = ctx.worker_id
@@ -194,6 +196,8 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     try:
         while (item := ctx.claim()) is not None:
             try:
+                if seed_batch is not None:
+                    seed_batch(item.indices)
                 samples, indices = read(item, dataset)
             except Exception as exc:
                 ctx.fail(item, pack_exception(exc, getattr(exc, "sample_index", int(record[0])), worker_id, MIN_SLOT_BYTES))

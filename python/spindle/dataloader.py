@@ -22,7 +22,7 @@ from ._caps import ThreadWatchdog
 from ._forking import forking
 from ._layout import BatchReader, collate_local
 from ._sharding import resolve_shard, shard_order
-from ._state import EpochCell, Position, Progress, Reseeded, check_state, new_state, torch_imported
+from ._state import BatchSeeds, EpochCell, Position, Progress, check_state, new_state, torch_imported
 from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
 from .errors import BatchFailedError, SpindleError, WorkerError
 
@@ -181,7 +181,7 @@ class DataLoader:
         if len(order) == 0:
             return iter(())
         if self.num_workers == 0:
-            return _InProcessIterator(self, order, worker_seed, self._seeded(self.dataset, epoch))
+            return _InProcessIterator(self, order, worker_seed, self._batch_seeds(epoch))
         decode = batch_decoder(BatchReader())
         self._epoch_cell.set(epoch)
         if not self.persistent_workers:
@@ -228,16 +228,16 @@ class DataLoader:
                     shuffle=self.shuffle, drop_last=self.drop_last, shard=shard,
                     shard_drop_last=self.shard_drop_last)
 
-    def _seeded(self, dataset: Any, epoch: Any) -> Any:
-        """With a seed, the dataset reseeded before each sample from (seed, epoch, index); without one,
-        the workers' per-worker seeds (no cost per sample; reseeding adds ~14 us for random + numpy,
-        ~17 us with torch: bench/python/reseed_bench.py)."""
-        return Reseeded(dataset, self._entropy, epoch, torch_imported()) if self.seed is not None else dataset
+    def _batch_seeds(self, epoch: Any) -> Optional[BatchSeeds]:
+        """With a seed, the generators reseeded before each batch from (seed, epoch, its indices), so
+        draws do not depend on the worker count or a resume (~10 us a batch); without one, the
+        workers' per-worker seeds only."""
+        return BatchSeeds(self._entropy, epoch, torch_imported()) if self.seed is not None else None
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        dataset = self._seeded(self.dataset, self._epoch_cell)
-        body = partial(run_worker, dataset=dataset, transport=ArrayBatches(self.batch_size),
-                       setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn))
+        body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
+                       setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
+                       seed_batch=self._batch_seeds(self._epoch_cell))
         with forking():
             runtime = _core.Loader(
                 order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx),
@@ -274,8 +274,10 @@ def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
 class _InProcessIterator:
     """num_workers=0: the same layout and checks, in the calling process."""
 
-    def __init__(self, loader: DataLoader, order: np.ndarray, seed: int, dataset: Any) -> None:
-        self._dataset = dataset
+    def __init__(self, loader: DataLoader, order: np.ndarray, seed: int,
+                 seed_batch: Optional[Callable[[list[int]], None]]) -> None:
+        self._dataset = loader.dataset
+        self._seed_batch = seed_batch
         self._order = order
         self._batch_size = loader.batch_size
         self._next = 0
@@ -290,6 +292,8 @@ class _InProcessIterator:
             raise StopIteration
         indices = self._order[self._next:self._next + self._batch_size].tolist()
         self._next += self._batch_size
+        if self._seed_batch is not None:
+            self._seed_batch(indices)
         return collate_local([self._dataset[index] for index in indices], indices, self._reader)
 
 

@@ -395,18 +395,22 @@ def test_stateful_loader_with_persistent_workers_draws_as_torchdata_over_epochs(
     assert ends[0] == ends[1] and ends[0][0] == ends[0][1]
 
 
-def test_per_sample_seeds_are_the_documented_function_of_seed_epoch_and_index():
-    """Proves: a sample's draws are those of random/numpy seeded with sample_seed(seed, epoch, index)."""
-    from spindle._state import sample_seed
+def test_batch_seeds_are_the_documented_function_of_seed_epoch_and_indices():
+    """Proves: a batch's draws are those of random/numpy seeded once with batch_seed(seed, epoch, its
+    indices), its samples drawing in order; the same with 0, 1 and 3 workers."""
+    from spindle._state import batch_seed
 
-    loader = spindle.DataLoader(Ids(10), batch_size=5, num_workers=2, seed=9)
-    as_lists(loader)
-    batch = as_lists(loader)[1]  # epoch 1, second batch: samples 5..9
-    for row, i in zip(batch[1], range(5, 10)):
-        s = sample_seed(9, 1, i)
+    for workers in (0, 1, 3):
+        loader = spindle.DataLoader(Ids(10), batch_size=5, num_workers=workers, seed=9)
+        as_lists(loader)
+        batch = as_lists(loader)[1]  # epoch 1, second batch: samples 5..9
+        s = batch_seed(9, 1, list(range(5, 10)))
         random.seed(s)
         np.random.seed(s & 0xFFFFFFFF)
-        assert row[:2] == [random.random(), np.random.rand()]
+        expected = []
+        for _ in range(5):
+            expected.append([random.random(), np.random.rand()])
+        assert [row[:2] for row in batch[1]] == expected, workers
 
 
 def test_stateful_loader_in_process_is_torchdatas_loop_with_a_json_state():
