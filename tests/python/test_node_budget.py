@@ -274,16 +274,20 @@ def test_a_forked_helper_holds_a_lease_until_reaped(ledger_path):
     box = {}
     t = threading.Thread(target=lambda: box.update(value=_forking.call_in_fork(lambda: time.sleep(1.0) or 7)))
     t.start()
-    deadline = time.monotonic() + 10
-    while not box and time.monotonic() < deadline:
-        mine = [e for e in _core.ledger_leases() if e["pid"] == os.getpid()]
+    seen = []  # this process's leases, polled while the helper runs
+    deadline = time.monotonic() + 30
+    while t.is_alive() and time.monotonic() < deadline:
+        mine = [(e["tasks"], e["pending"]) for e in _core.ledger_leases() if e["pid"] == os.getpid()]
         if mine:
-            box.setdefault("seen", mine)
-            break
+            seen.append(mine)
         time.sleep(0.01)
     t.join()
     assert box["value"] == 7
-    assert [(e["tasks"], e["pending"]) for e in box["seen"]] in ([(1, 0)], [(1, 1)]), box
+    # Around the fork itself a second lease may show: the consumer's stopped OpenBLAS threads
+    # (reserve_stopping), if an earlier BLAS call in this process started its pool. While the
+    # helper runs (it sleeps 1 s), its own lease is the only one, started.
+    assert [(1, 0)] in seen, seen
+    assert all(len(m) <= 2 for m in seen), seen
     assert _core.ledger_leases() == []
 
 

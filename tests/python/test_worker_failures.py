@@ -140,3 +140,34 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_sys_exit_in_a_worker_exits_that_worker_with_its_code_without_finalizing_the_consumers_interpreter(tmp_path):
+    """Proves: sys.exit(3) in dataset code ends that worker with exit code 3 (named by WorkerDiedError),
+    and the forked worker does not finalize the interpreter it inherited: the consumer's atexit
+    handlers run once, in the consumer, not in the worker (they used to run there through Py_Exit,
+    and a Loader inherited from the consumer could crash in its destructor)."""
+    marks = tmp_path / "atexit"
+    script = textwrap.dedent(f"""
+        import atexit, os, sys
+        import numpy as np, spindle
+        atexit.register(lambda: open({str(marks)!r}, "a").write(f"{{os.getpid()}}\\n"))
+        kept = spindle.DataLoader(np.arange(8), batch_size=2, num_workers=1, persistent_workers=True)
+        next(iter(kept))  # a live Loader in the consumer when the next workers fork
+        class Exits:
+            def __len__(self): return 8
+            def __getitem__(self, i):
+                if i == 5:
+                    sys.exit(3)
+                return np.int64(i)
+        try:
+            list(spindle.DataLoader(Exits(), batch_size=2, num_workers=2))
+        except spindle.WorkerDiedError as e:
+            print("died:", e)
+        print("consumer", os.getpid())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "exited with code 3" in out.stdout, out.stdout
+    consumer = out.stdout.split("consumer ")[-1].strip()
+    assert marks.read_text().split() == [consumer], (marks.read_text(), out.stderr)
