@@ -15,25 +15,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from spindle.bench.tree import uid_tasks  # noqa: F401 - one /proc count, shared with spindle bench
+
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def uid_tasks(uid: int) -> int:
-    """Tasks (threads) whose real uid is `uid`, summed from /proc."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = f.read()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == uid:
-            total += int(fields["Threads"])
-    return total
 
 
 def stage(dest: Path, packages: list[str]) -> None:
