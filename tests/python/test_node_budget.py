@@ -197,7 +197,8 @@ with warnings.catch_warnings(record=True) as caught:
         os.waitpid(pid, 0)
         out["threads_stopped"] = len(os.listdir("/proc/self/task"))
         open(os.path.join(root, "stopped"), "w").close()
-        while not os.path.exists(os.path.join(root, "loaded")):
+        deadline = time.monotonic() + 30  # the other process writes "loaded" even when its loader fails
+        while not os.path.exists(os.path.join(root, "loaded")) and time.monotonic() < deadline:
             time.sleep(0.001)
     np.ones((256, 256)) @ np.ones((256, 256))
 out["count_after"] = blas.get_num_threads()
@@ -213,12 +214,15 @@ root = sys.argv[1]
 class Numbers:
     def __len__(self): return 64
     def __getitem__(self, i): return np.full(4, i, np.int64)
-while not os.path.exists(os.path.join(root, "stopped")):
+deadline = time.monotonic() + 30
+while not os.path.exists(os.path.join(root, "stopped")) and time.monotonic() < deadline:
     time.sleep(0.001)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=8))
-    open(os.path.join(root, "loaded"), "w").close()
+    try:
+        it = iter(spindle.DataLoader(Numbers(), batch_size=4, num_workers=8))
+    finally:  # a failed start must not leave the owner waiting in its window
+        open(os.path.join(root, "loaded"), "w").close()
     samples = sum(len(b) for b in it)
 print(json.dumps({"workers": it.plan.num_workers, "arena": it.plan.arena_threads, "samples": samples,
                   "warnings": [str(w.message) for w in caught]}))
@@ -236,7 +240,12 @@ beside = subprocess.Popen([sys.executable, os.path.join(root, "beside.py"), root
                           stderr=subprocess.PIPE, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
 out = []
 for p in (owner, beside):
-    stdout, stderr = p.communicate(timeout=120)
+    try:
+        stdout, stderr = p.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+        stderr += "\n[launcher: killed after 45 s]"
     out.append({"rc": p.returncode, "stdout": stdout, "stderr": stderr})
 print(json.dumps(out))
 """
