@@ -297,6 +297,52 @@ void register_loader(py::module_& m) {
            py::arg("item"), py::arg("dataset"),
            "([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it "
            "is read; an exception from dataset[i] propagates as it is (the record still names i).")
+      .def("read_rows",
+           [](WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows) -> py::object {
+             // read_samples and put_samples in one pass: each sample that
+             // matches `rows` is copied into the slot as soon as it is read
+             // and let go (as a loop of dataset[i] drops each result, so the
+             // allocator hands the next sample the same warm memory). From
+             // the first sample that does not match, the rest are kept.
+             const std::size_t n = item.indices.size();
+             SampleRows::Gathered one;
+             std::string kinds;  // SampleRows::Leaf of each written sample's fields, sample-major
+             kinds.reserve(n * rows.layout().num_fields());
+             std::span<std::byte> out;
+             std::size_t written = 0;
+             py::list rest;
+             for (std::size_t i = 0; i < n; ++i) {
+               const int64_t index = item.indices[i];
+               ctx.set_sample(index);
+               PyObject* key = PyLong_FromLongLong(index);
+               if (key == nullptr) throw py::error_already_set();
+               PyObject* got = PyObject_GetItem(dataset.ptr(), key);
+               Py_DECREF(key);
+               if (got == nullptr) throw py::error_already_set();
+               const auto sample = py::reinterpret_steal<py::object>(got);
+               if (written == i && rows.gather_one(sample.ptr(), one)) {
+                 if (i == 0) {
+                   ctx.set_sample(-1);  // an error laying out the slot is the batch's, not a sample's
+                   py::gil_scoped_release release;  // may reserve memory (fallocate)
+                   out = ctx.begin_arrays(item, rows.layout(), rows.structure());
+                 }
+                 ctx.put_row(rows.layout(), out, i, one.rows);
+                 kinds.append(reinterpret_cast<const char*>(one.kinds.data()), one.kinds.size());
+                 ++written;
+               } else {
+                 rest.append(sample);
+               }
+             }
+             if (written == n) return py::none();
+             return py::make_tuple(written, py::bytes(kinds), std::move(rest));
+           },
+           py::arg("item"), py::arg("dataset"), py::arg("rows"),
+           "dataset[i] for each of the item's indices (the crash record naming each), copying every sample "
+           "into the slot as it is read while they all match `rows` exactly (as put_samples takes them). None "
+           "if the whole batch was written (commit it); else (written, kinds, rest): samples 0..written-1 are "
+           "in the slot with `rows`' layout (kinds: a byte per field of each, what its leaf was: 0 array, 1 "
+           "int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds the others, from the first that does not "
+           "match. An exception from dataset[i] propagates as it is.")
       .def("put_samples",
            [](WorkerContext& ctx, WorkItem& item, const SampleRows& rows, const py::list& samples) {
              SampleRows::Gathered gathered;  // released after the copy, with the GIL

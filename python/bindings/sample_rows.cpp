@@ -30,9 +30,12 @@ bool same_key(PyObject* key, PyObject* want) {
 
 }  // namespace
 
-SampleRows::Gathered::~Gathered() {
+void SampleRows::Gathered::release_views() noexcept {
   for (Py_buffer& v : views) PyBuffer_Release(&v);
+  views.clear();
 }
+
+SampleRows::Gathered::~Gathered() { release_views(); }
 
 SampleRows::SampleRows(const py::list& walk, SlotLayout layout, py::bytes structure, const py::list& scalar_types)
     : layout_(std::move(layout)), structure_(structure) {
@@ -96,7 +99,8 @@ bool SampleRows::leaf(PyObject* value, std::size_t f, std::size_t sample, Gather
       if (eq != 1) return false;
     }
     out.rows[at] = reinterpret_cast<const std::byte*>(a->data);
-    out.arrays.push_back(py::reinterpret_borrow<py::object>(value));
+    out.kinds[at] = Leaf::kArray;
+    if (out.hold_arrays) out.arrays.push_back(py::reinterpret_borrow<py::object>(value));
     return true;
   }
   std::byte* scalar = out.scalars[at].data();
@@ -109,11 +113,14 @@ bool SampleRows::leaf(PyObject* value, std::size_t f, std::size_t sample, Gather
     }
     const int64_t v64 = v;
     std::memcpy(scalar, &v64, sizeof v64);
+    out.kinds[at] = Leaf::kInt;
   } else if (field.takes_float && PyFloat_CheckExact(value)) {
     const double v = PyFloat_AS_DOUBLE(value);
     std::memcpy(scalar, &v, sizeof v);
+    out.kinds[at] = Leaf::kFloat;
   } else if (field.takes_bool && PyBool_Check(value)) {
     scalar[0] = std::byte{value == Py_True};
+    out.kinds[at] = Leaf::kBool;
   } else if (!field.scalar_type.is_none() && Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(field.scalar_type.ptr())) {
     Py_buffer view;  // a numpy scalar's buffer is its value
     if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) != 0) {
@@ -126,6 +133,7 @@ bool SampleRows::leaf(PyObject* value, std::size_t f, std::size_t sample, Gather
     }
     out.views.push_back(view);  // within the reserved capacity
     out.rows[at] = static_cast<const std::byte*>(view.buf);
+    out.kinds[at] = Leaf::kNumpyScalar;
     return true;
   } else {
     return false;
@@ -165,6 +173,7 @@ bool SampleRows::gather(const py::list& samples, Gathered& out) const {
   const std::size_t count = samples.size(), fields = fields_.size();
   out.rows.assign(count * fields, nullptr);
   out.scalars.resize(count * fields);
+  out.kinds.resize(count * fields);
   out.arrays.reserve(count * fields);
   out.views.reserve(count * buffer_fields_);  // never moves: each view is released where it is
   for (std::size_t s = 0; s < count; ++s) {
@@ -174,6 +183,18 @@ bool SampleRows::gather(const py::list& samples, Gathered& out) const {
     }
   }
   return true;
+}
+
+bool SampleRows::gather_one(PyObject* sample, Gathered& out) const {
+  const std::size_t fields = fields_.size();
+  out.release_views();
+  out.hold_arrays = false;
+  out.rows.resize(fields);
+  out.scalars.resize(fields);
+  out.kinds.resize(fields);
+  out.views.reserve(buffer_fields_);
+  std::size_t node = 0, field = 0;
+  return walk(sample, node, field, 0, out);
 }
 
 }  // namespace spindle::python

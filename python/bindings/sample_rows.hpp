@@ -41,14 +41,26 @@ class SampleRows {
   // buffer view of every numpy scalar) held until `out` is destroyed, so the
   // copy may run without the GIL. False if any sample is not one this walk
   // takes. Needs the GIL, also to destroy `out`.
+  //
+  // `kinds[r * fields + f]`: what the leaf was (a Leaf), so that a sample
+  // already copied and let go can be rebuilt from its rows exactly as it
+  // came (_layout.py, when a later sample of the batch does not match).
+  enum class Leaf : uint8_t { kArray = 0, kInt = 1, kFloat = 2, kBool = 3, kNumpyScalar = 4 };
   struct Gathered {
     std::vector<const std::byte*> rows;
     std::vector<std::array<std::byte, 8>> scalars;
+    std::vector<Leaf> kinds;
     std::vector<pybind11::object> arrays;
     std::vector<Py_buffer> views;
+    bool hold_arrays = true;  // gather_one: the sample itself keeps them alive
+    void release_views() noexcept;
     ~Gathered();
   };
   bool gather(const pybind11::list& samples, Gathered& out) const;
+  // The same for one sample, whose rows are copied before it is let go (a
+  // worker copying each sample as it reads it): rows[f] of field f, no array
+  // references taken; the previous sample's views are released first.
+  bool gather_one(PyObject* sample, Gathered& out) const;
 
   const SlotLayout& layout() const noexcept { return layout_; }
   std::string_view structure() const noexcept { return structure_; }

@@ -223,9 +223,10 @@ class _Plan:
     """What a worker needs to write batches of one structure: the runtime's
     layout, the pickled structure, and its compiled walk (None: the Python path)."""
 
-    __slots__ = ("layout", "structure", "rows")
+    __slots__ = ("tree", "layout", "structure", "rows")
 
-    def __init__(self, layout: SlotLayout, structure: bytes, rows: Optional[SampleRows]) -> None:
+    def __init__(self, tree: Any, layout: SlotLayout, structure: bytes, rows: Optional[SampleRows]) -> None:
+        self.tree = tree
         self.layout = layout
         self.structure = structure
         self.rows = rows
@@ -252,6 +253,44 @@ class SlotWriter:
         SampleStructureError (or numpy's error) if a slot cannot hold it."""
         tree, leaves = flatten(sample, index)
         return tree, _fields(leaves, index)
+
+    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
+        """Reads the item's samples (``dataset[i]``), writing each into the slot as it is read
+        while every one matches the structure of the last batch written (the common case: the
+        worker then holds one sample at a time, as a plain loop over ``dataset[i]`` does).
+        None if the batch is in the slot (commit it); else (samples, indices) for ``write``,
+        the samples already copied rebuilt from the slot exactly as they came."""
+        last = self._last
+        if last is None:
+            return ctx.read_samples(item, dataset)
+        left = ctx.read_rows(item, dataset, last.rows)
+        if left is None:
+            return None
+        written, kinds, rest = left
+        return self._rebuilt(ctx, item, last, written, kinds) + rest, item.indices
+
+    @staticmethod
+    def _rebuilt(ctx: Any, item: Any, plan: _Plan, count: int, kinds: bytes) -> list[Any]:
+        """Samples 0..count-1 of the item's slot as they were before read_rows copied them:
+        arrays (copies), Python bool/int/float and numpy scalars by `kinds`, in their containers."""
+        if count == 0:
+            return []
+        arrays = ctx.begin_arrays(item, plan.layout, plan.structure)  # the same layout: rows stay
+        fields = len(arrays)
+        samples = []
+        for s in range(count):
+            leaves = iter(range(s * fields, (s + 1) * fields))
+
+            def leaf() -> Any:
+                at = next(leaves)
+                value = arrays[at % fields][s]
+                kind = kinds[at]
+                if kind == 0:
+                    return np.array(value)  # a copy: the slot is rewritten next
+                return (None, int, float, bool, lambda v: v)[kind](value)
+
+            samples.append(_rebuild(plan.tree, leaf, False))
+        return samples
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         """The batch into the item's slot; SampleStructureError names a sample that does not fit."""
@@ -295,7 +334,7 @@ class SlotWriter:
         walk = _walk(tree) if fields else None
         rows = None if walk is None else SampleRows(walk, layout, structure,
                                                     [_scalar_type(d, s) for d, s in fields])
-        plan = self._plans[description] = _Plan(layout, structure, rows)
+        plan = self._plans[description] = _Plan(tree, layout, structure, rows)
         return plan
 
 

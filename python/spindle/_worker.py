@@ -18,6 +18,10 @@ import traceback
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
+# Every worker seeds numpy's global generator; numpy loads numpy.random on first
+# use (~7 ms). Loaded here, once, every forked worker inherits it instead of
+# each importing it before its first sample.
+import numpy.random  # noqa: F401
 
 from ._caps import cap_worker_pools
 from ._core import MIN_SLOT_BYTES
@@ -69,6 +73,11 @@ class ArrayBatches:
     def __init__(self, capacity: int) -> None:
         self._writer = SlotWriter(capacity)
 
+    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
+        """The item's samples, written as read where they can be (SlotWriter.read): None if
+        the batch is in the slot, else (samples, indices) for write."""
+        return self._writer.read(ctx, item, dataset)
+
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         self._writer.write(ctx, item, samples, indices)
 
@@ -82,6 +91,12 @@ class CollatedBatches:
     def __init__(self, collate: Callable[[list[Any]], Any], capacity: int, zero_copy: bool) -> None:
         self._collate = collate
         self._writer = SlotWriter(capacity) if zero_copy else None
+
+    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
+        """As ArrayBatches.read on the array path; otherwise every sample, for collate."""
+        if self._writer is None:
+            return ctx.read_samples(item, dataset)
+        return self._writer.read(ctx, item, dataset)
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         writer = self._writer
@@ -191,20 +206,20 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     # The worker's crash record: the sample being loaded, read by the consumer
     # if this process dies.
     record = ctx.sample_record()
-    write = transport.write
-    read = ctx.read_samples
+    read, write = transport.read, transport.write
     try:
         while (item := ctx.claim()) is not None:
             try:
                 if seed_batch is not None:
                     seed_batch(item.indices)
-                samples, indices = read(item, dataset)
+                left = read(ctx, item, dataset)  # None: written as read
             except Exception as exc:
                 ctx.fail(item, pack_exception(exc, getattr(exc, "sample_index", int(record[0])), worker_id, MIN_SLOT_BYTES))
                 continue
             try:
-                write(ctx, item, samples, indices)
-                del samples
+                if left is not None:
+                    write(ctx, item, *left)
+                    del left
                 ctx.commit(item)
             except Exception as exc:  # errors from here on name their own sample
                 ctx.fail(item, pack_exception(exc, getattr(exc, "sample_index", -1), worker_id, MIN_SLOT_BYTES))

@@ -95,6 +95,19 @@ void WorkerContext::put_rows(WorkItem& item, const SlotLayout& layout, std::stri
   }
 }
 
+void WorkerContext::put_row(const SlotLayout& layout, std::span<std::byte> out, std::size_t row,
+                            std::span<const std::byte* const> field_rows) const {
+  const std::size_t fields = layout.num_fields();
+  if (field_rows.size() != fields || row >= layout.capacity() || out.size() < layout.bytes())
+    SPINDLE_THROW(std::invalid_argument, "spindle: put_row got " + std::to_string(field_rows.size()) +
+                                             " rows for " + std::to_string(fields) + " fields, row " +
+                                             std::to_string(row) + " of " + std::to_string(layout.capacity()));
+  for (std::size_t f = 0; f < fields; ++f) {
+    const std::size_t bytes = layout.row_bytes(f);
+    copy_into_ring(out.data() + layout.offset(f) + row * bytes, field_rows[f], bytes);
+  }
+}
+
 void WorkerContext::put_bytes(WorkItem& item, std::span<const std::byte> bytes) {
   std::span<std::byte> out = reserve(item, bytes.size());
   copy_into_ring(out.data(), bytes.data(), bytes.size());

@@ -272,6 +272,10 @@ _SAMPLE_KINDS = [
                np.float64(i) if i % 2 else float(i)),                            # mixed leaf kinds, same dtype
     lambda i: np.array(i, np.float16),                                           # a bare 0-d array
     lambda i: {1: np.full(2, i, np.uint8), "b": (i,)},                           # non-str keys
+    lambda i: {"x": (np.arange(6, dtype=np.int32).reshape(2, 3) + i)[:, ::-1] if i in (13, 22, 39) else
+               np.ascontiguousarray((np.arange(6, dtype=np.int32).reshape(2, 3) + i)[:, ::-1]),
+               "n": i, "f": i / 2, "b": i % 3 == 0, "s": np.float32(i), "z": np.array(i, np.int16),
+               "p": Pair(np.full(2, i, np.uint8), [i])},  # copied as read, then one that is not: the rest rebuilt
 ]
 
 
@@ -290,6 +294,42 @@ def test_worker_batches_equal_the_in_process_python_path(make):
         assert tree_got == tree_want
         for (path, g), (_, w) in zip(leaves_got, leaves_want):
             assert g.dtype == w.dtype and g.shape == w.shape and np.array_equal(g, w), (b, path)
+
+
+class _Tracked(np.ndarray):
+    """An array whose live instances a dataset can count (ndarrays take weak references)."""
+
+
+class _LiveCount:
+    """Each sample carries how many of this worker's earlier samples were still alive when it was read."""
+
+    def __init__(self, n):
+        self.n, self.alive = n, []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import weakref
+        self.alive = [r for r in self.alive if r() is not None]
+        sample = np.full((64, 64), i, np.uint8).view(_Tracked)
+        count = len(self.alive)
+        self.alive.append(weakref.ref(sample))
+        return sample, count
+
+
+def test_a_worker_lets_go_of_each_sample_once_it_is_in_the_slot():
+    """From the second batch of a structure on, a worker holds one sample at a time (as a loop of dataset[i]
+    does): each is copied into the slot as it is read and let go; the values stay right."""
+    images, alive = [], []
+    for image, count in spindle.DataLoader(_LiveCount(256), batch_size=32, num_workers=2):
+        images.append(image[:, [0, -1], [0, -1]].copy())
+        alive.append(int(count.max()))
+    images = np.concatenate(images)
+    assert (images[:, 0] == np.arange(256) % 256).all() and (images[:, 1] == np.arange(256)).all()
+    # A worker's first batch is read whole, then laid out (31 earlier samples alive at its last);
+    # every later one holds none.
+    assert alive.count(31) <= 2 and alive.count(0) >= 6, alive
 
 
 def _python_path_is_refused(*args, **kwargs):

@@ -64,6 +64,11 @@ class WorkerContext {
   // buffers).
   void put_rows(WorkItem& item, const SlotLayout& layout, std::string_view structure,
                 std::span<const std::byte* const> rows);
+  // One sample's rows, as a front end copies each sample as it reads it:
+  // field f's row `row` of the payload `out` (from begin_arrays with
+  // `layout`) gets layout.row_bytes(f) bytes from field_rows[f].
+  void put_row(const SlotLayout& layout, std::span<std::byte> out, std::size_t row,
+               std::span<const std::byte* const> field_rows) const;
   // Stores one byte string (e.g. a pickled batch) as the item's payload.
   void put_bytes(WorkItem& item, std::span<const std::byte> bytes);
   // Publishes the item's payload as complete.
