@@ -92,6 +92,27 @@ BatchPlan plan_from(const py::buffer& order, std::size_t batch_size, bool drop_l
   return BatchPlan(std::move(indices), std::vector<std::size_t>(s.begin(), s.end()));
 }
 
+// dataset[item.indices[i]], the crash record naming the index first.
+py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, py::handle dataset) {
+  const int64_t index = item.indices[i];
+  ctx.set_sample(index);
+  const auto key = py::reinterpret_steal<py::object>(PyLong_FromLongLong(index));
+  if (!key) throw py::error_already_set();
+  PyObject* sample = PyObject_GetItem(dataset.ptr(), key.ptr());
+  if (sample == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(sample);
+}
+
+py::list item_indices(const WorkItem& item) {
+  py::list out(item.indices.size());
+  for (std::size_t i = 0; i < item.indices.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(item.indices[i]);
+    if (v == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+  }
+  return out;
+}
+
 // Copies each of `rows` (C-contiguous buffers of exactly row_bytes) into
 // consecutive rows of `dst`. Returns false, copying nothing, if a row is not
 // such a buffer (the caller then takes its general path).
@@ -276,34 +297,37 @@ void register_loader(py::module_& m) {
            py::arg("item"), py::arg("layout"), py::arg("structure"),
            "Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity "
            "array per field, viewing the slot: write rows 0..count-1, then commit.")
-      .def("read_samples",
+      .def("read_sample",
            [](WorkerContext& ctx, const WorkItem& item, py::handle dataset) {
+             return read_sample(ctx, item, 0, dataset);
+           },
+           py::arg("item"), py::arg("dataset"),
+           "dataset[i] for the item's first index, stored in the crash record before it is read.")
+      .def("read_samples",
+           [](WorkerContext& ctx, const WorkItem& item, py::handle dataset, py::object first) {
              // dataset[i] for each index, as a Python loop would call it, with
              // the crash record naming the sample being read.
              const std::size_t n = item.indices.size();
-             py::list samples(n), indices(n);
+             py::list samples(n);
              for (std::size_t i = 0; i < n; ++i) {
-               const int64_t index = item.indices[i];
-               ctx.set_sample(index);
-               PyObject* key = PyLong_FromLongLong(index);
-               if (key == nullptr) throw py::error_already_set();
-               PyList_SET_ITEM(indices.ptr(), static_cast<Py_ssize_t>(i), key);  // the list owns it
-               PyObject* sample = PyObject_GetItem(dataset.ptr(), key);
-               if (sample == nullptr) throw py::error_already_set();
-               PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample);
+               py::object sample = i == 0 && !first.is_none() ? first : read_sample(ctx, item, i, dataset);
+               PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample.release().ptr());
              }
-             return py::make_tuple(std::move(samples), std::move(indices));
+             return py::make_tuple(std::move(samples), item_indices(item));
            },
-           py::arg("item"), py::arg("dataset"),
+           py::arg("item"), py::arg("dataset"), py::arg("first") = py::none(),
            "([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it "
-           "is read; an exception from dataset[i] propagates as it is (the record still names i).")
+           "is read; `first`, if given, is sample 0, already read (read_sample). An exception from dataset[i] "
+           "propagates as it is (the record still names i).")
       .def("read_rows",
-           [](WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows) -> py::object {
+           [](WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows,
+              py::object first) -> py::object {
              // read_samples and put_samples in one pass: each sample that
              // matches `rows` is copied into the slot as soon as it is read
              // and let go (as a loop of dataset[i] drops each result, so the
-             // allocator hands the next sample the same warm memory). From
-             // the first sample that does not match, the rest are kept.
+             // allocator hands the next sample the same warm memory, and no
+             // batch of live samples fragments the heap). From the first
+             // sample that does not match, the rest are kept.
              const std::size_t n = item.indices.size();
              SampleRows::Gathered one;
              std::string kinds;  // SampleRows::Leaf of each written sample's fields, sample-major
@@ -311,15 +335,10 @@ void register_loader(py::module_& m) {
              std::span<std::byte> out;
              std::size_t written = 0;
              py::list rest;
+             py::object copied;  // the last sample copied, let go once the next one is read
              for (std::size_t i = 0; i < n; ++i) {
-               const int64_t index = item.indices[i];
-               ctx.set_sample(index);
-               PyObject* key = PyLong_FromLongLong(index);
-               if (key == nullptr) throw py::error_already_set();
-               PyObject* got = PyObject_GetItem(dataset.ptr(), key);
-               Py_DECREF(key);
-               if (got == nullptr) throw py::error_already_set();
-               const auto sample = py::reinterpret_steal<py::object>(got);
+               py::object sample = i == 0 && !first.is_none() ? std::move(first) : read_sample(ctx, item, i, dataset);
+               copied = py::object();
                if (written == i && rows.gather_one(sample.ptr(), one)) {
                  if (i == 0) {
                    ctx.set_sample(-1);  // an error laying out the slot is the batch's, not a sample's
@@ -329,6 +348,7 @@ void register_loader(py::module_& m) {
                  ctx.put_row(rows.layout(), out, i, one.rows);
                  kinds.append(reinterpret_cast<const char*>(one.kinds.data()), one.kinds.size());
                  ++written;
+                 copied = std::move(sample);
                } else {
                  rest.append(sample);
                }
@@ -336,13 +356,13 @@ void register_loader(py::module_& m) {
              if (written == n) return py::none();
              return py::make_tuple(written, py::bytes(kinds), std::move(rest));
            },
-           py::arg("item"), py::arg("dataset"), py::arg("rows"),
-           "dataset[i] for each of the item's indices (the crash record naming each), copying every sample "
-           "into the slot as it is read while they all match `rows` exactly (as put_samples takes them). None "
-           "if the whole batch was written (commit it); else (written, kinds, rest): samples 0..written-1 are "
-           "in the slot with `rows`' layout (kinds: a byte per field of each, what its leaf was: 0 array, 1 "
-           "int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds the others, from the first that does not "
-           "match. An exception from dataset[i] propagates as it is.")
+           py::arg("item"), py::arg("dataset"), py::arg("rows"), py::arg("first") = py::none(),
+           "dataset[i] for each of the item's indices (the crash record naming each; `first`, if given, is "
+           "sample 0, already read), copying every sample into the slot as it is read while they all match "
+           "`rows` exactly (as put_samples takes them). None if the whole batch was written (commit it); else "
+           "(written, kinds, rest): samples 0..written-1 are in the slot with `rows`' layout (kinds: a byte per "
+           "field of each, what its leaf was: 0 array, 1 int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds "
+           "the others, from the first that does not match. An exception from dataset[i] propagates as it is.")
       .def("put_samples",
            [](WorkerContext& ctx, WorkItem& item, const SampleRows& rows, const py::list& samples) {
              SampleRows::Gathered gathered;  // released after the copy, with the GIL

@@ -237,13 +237,17 @@ class WorkerContext:
         """
         Writes `samples` as the item's array batch if every one matches `rows` exactly (its containers; C-contiguous arrays of each field's dtype and shape; a Python bool/int/float or numpy scalar for a 0-d field); False, writing nothing, if any does not (the caller's general path then names it).
         """
-    def read_rows(self, item: WorkItem, dataset: typing.Any, rows: SampleRows) -> typing.Any:
+    def read_rows(self, item: WorkItem, dataset: typing.Any, rows: SampleRows, first: typing.Any = None) -> typing.Any:
         """
-        dataset[i] for each of the item's indices (the crash record naming each), copying every sample into the slot as it is read while they all match `rows` exactly (as put_samples takes them). None if the whole batch was written (commit it); else (written, kinds, rest): samples 0..written-1 are in the slot with `rows`' layout (kinds: a byte per field of each, what its leaf was: 0 array, 1 int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds the others, from the first that does not match. An exception from dataset[i] propagates as it is.
+        dataset[i] for each of the item's indices (the crash record naming each; `first`, if given, is sample 0, already read), copying every sample into the slot as it is read while they all match `rows` exactly (as put_samples takes them). None if the whole batch was written (commit it); else (written, kinds, rest): samples 0..written-1 are in the slot with `rows`' layout (kinds: a byte per field of each, what its leaf was: 0 array, 1 int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds the others, from the first that does not match. An exception from dataset[i] propagates as it is.
         """
-    def read_samples(self, item: WorkItem, dataset: typing.Any) -> tuple[list, list]:
+    def read_sample(self, item: WorkItem, dataset: typing.Any) -> typing.Any:
         """
-        ([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it is read; an exception from dataset[i] propagates as it is (the record still names i).
+        dataset[i] for the item's first index, stored in the crash record before it is read.
+        """
+    def read_samples(self, item: WorkItem, dataset: typing.Any, first: typing.Any = None) -> tuple[list, list]:
+        """
+        ([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it is read; `first`, if given, is sample 0, already read (read_sample). An exception from dataset[i] propagates as it is (the record still names i).
         """
     def sample_record(self) -> numpy.ndarray:
         """

@@ -256,18 +256,33 @@ class SlotWriter:
 
     def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
         """Reads the item's samples (``dataset[i]``), writing each into the slot as it is read
-        while every one matches the structure of the last batch written (the common case: the
-        worker then holds one sample at a time, as a plain loop over ``dataset[i]`` does).
-        None if the batch is in the slot (commit it); else (samples, indices) for ``write``,
-        the samples already copied rebuilt from the slot exactly as they came."""
-        last = self._last
-        if last is None:
-            return ctx.read_samples(item, dataset)
-        left = ctx.read_rows(item, dataset, last.rows)
+        while every one matches one structure: the last batch's, or else the one the batch's
+        first sample has. The worker then holds one sample at a time, as a plain loop over
+        ``dataset[i]`` does. None if the batch is in the slot (commit it); else (samples,
+        indices) for ``write``, the samples already copied rebuilt from the slot exactly as
+        they came. A first sample the slot cannot take goes to ``write`` with the rest, which
+        names it (or, for torch, collates)."""
+        plan, first = self._last, None
+        if plan is None:
+            first = ctx.read_sample(item, dataset)
+            plan = self._plan_of(item, first)
+            if plan is None or plan.rows is None:
+                return ctx.read_samples(item, dataset, first)
+        left = ctx.read_rows(item, dataset, plan.rows, first)
         if left is None:
+            self._last = plan
             return None
         written, kinds, rest = left
-        return self._rebuilt(ctx, item, last, written, kinds) + rest, item.indices
+        return self._rebuilt(ctx, item, plan, written, kinds) + rest, item.indices
+
+    def _plan_of(self, item: Any, sample: Any) -> Optional[_Plan]:
+        """The plan for batches shaped as `sample` (sample 0 of `item`); None if it cannot be laid
+        out (``write`` meets the same error again, and reports or collates as it does)."""
+        try:
+            description = self.describe(sample, item.indices[0])
+            return self._plans.get(description) or self._plan(item, description)
+        except Exception:
+            return None
 
     @staticmethod
     def _rebuilt(ctx: Any, item: Any, plan: _Plan, count: int, kinds: bytes) -> list[Any]:

@@ -163,5 +163,52 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
   EXPECT_EQ(seen, 7u);
 }
 
+// Proves: put_row copies one sample's rows (field f from field_rows[f]) into
+// row r of each field's block, rows written in any order, each sample's
+// buffer free to be reused once put_row returns (as a worker copying each
+// sample as it reads it does); it refuses a wrong field count or a row past
+// the layout's capacity.
+TEST(SlotLayout, PutRowCopiesOneSampleIntoItsRowOfEveryField) {
+  LoaderOptions o;
+  o.num_workers = 1;
+  o.batch_capacity = 4;
+  static constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+  auto body = [](WorkerContext& ctx) {
+    SlotLayout layout({{"<f4", {kWidth}}, {"<i8", {}}}, 4);
+    std::vector<float> value(kWidth);  // one buffer, refilled for every sample
+    int64_t id = 0;
+    while (auto item = ctx.claim()) {
+      std::span<std::byte> out = ctx.begin_arrays(*item, layout, "row");
+      const std::vector<const std::byte*> rows{reinterpret_cast<const std::byte*>(value.data()),
+                                               reinterpret_cast<const std::byte*>(&id)};
+      EXPECT_THROW(ctx.put_row(layout, out, 0, std::span(rows).first(1)), std::invalid_argument) << "one field";
+      EXPECT_THROW(ctx.put_row(layout, out, 4, rows), std::invalid_argument) << "row past the capacity";
+      for (std::size_t i = item->indices.size(); i-- > 0;) {  // last row first
+        std::fill(value.begin(), value.end(), static_cast<float>(item->indices[i]) + 0.25f);
+        id = -item->indices[i];
+        ctx.put_row(layout, out, i, rows);
+      }
+      ctx.commit(*item);
+    }
+    return 0;
+  };
+  const std::vector<std::vector<int64_t>> batches{{0, 1, 2, 3}, {4, 5, 6}};
+  Loader loader(o, batches, body);
+  std::size_t seen = 0;
+  while (auto b = loader.next()) {
+    ASSERT_EQ(b->kind(), PayloadKind::kArrays);
+    EXPECT_EQ(b->structure(), "row");
+    auto values = b->field<float>(0);
+    auto ids = b->field<int64_t>(1);
+    for (std::size_t i = 0; i < b->count(); ++i) {
+      EXPECT_EQ(values[i * kWidth], static_cast<float>(b->indices()[i]) + 0.25f);
+      EXPECT_EQ(values[(i + 1) * kWidth - 1], static_cast<float>(b->indices()[i]) + 0.25f);
+      EXPECT_EQ(ids[i], -b->indices()[i]);
+    }
+    seen += b->count();
+  }
+  EXPECT_EQ(seen, 7u);
+}
+
 }  // namespace
 }  // namespace spindle
