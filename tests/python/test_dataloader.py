@@ -319,16 +319,18 @@ class _LiveCount:
 
 
 def test_a_worker_lets_go_of_each_sample_once_it_is_in_the_slot():
-    """A worker holds one sample at a time (as a loop of dataset[i] does): each is copied into the slot as
-    it is read and let go, from the first batch on; the values stay right."""
+    """A worker does not hold a batch of samples: each is copied into the slot as it is read and let go once
+    the next one is read, from the first batch on (before: a whole batch, 31 earlier samples alive at the
+    last read); the values stay right."""
     images, alive = [], []
     for image, count in spindle.DataLoader(_LiveCount(256), batch_size=32, num_workers=2):
         images.append(image[:, [0, -1], [0, -1]].copy())
         alive.append(int(count.max()))
     images = np.concatenate(images)
     assert (images[:, 0] == np.arange(256) % 256).all() and (images[:, 1] == np.arange(256)).all()
-    # The first batch too: its first sample fixes the layout (and is held until the batch is written).
-    assert max(alive) <= 1, alive
+    # At most the previous sample is alive when one is read (let go once the next is read), and in a
+    # worker's first batch also its first sample, which fixed the layout.
+    assert max(alive) <= 2 and alive.count(2) <= 2, alive
 
 
 def _python_path_is_refused(*args, **kwargs):
