@@ -204,10 +204,18 @@ void register_loader(py::module_& m) {
       .def_static("dtype_itemsize", &SlotLayout::dtype_itemsize, py::arg("dtype"));
 
   py::class_<SampleRows>(m, "SampleRows",
-                         "One batch structure compiled for WorkerContext.put_samples: the walk over a sample "
-                         "(containers, then leaves as fields in order), the slot layout and the structure bytes.")
+                         "One batch structure compiled for WorkerContext.read_rows/put_samples: the walk over a "
+                         "sample (containers, then leaves as fields in order), the slot layout and the structure "
+                         "bytes.")
       .def(py::init<const py::list&, SlotLayout, py::bytes, const py::list&>(), py::arg("walk"), py::arg("layout"),
-           py::arg("structure"), py::arg("scalar_types"));
+           py::arg("structure"), py::arg("scalar_types"))
+      .def(
+          "takes",
+          [](const SampleRows& rows, py::handle sample) {
+            SampleRows::Gathered one;
+            return rows.gather_one(sample.ptr(), one);
+          },
+          py::arg("sample"), "True if `sample` matches this structure exactly (read_rows would copy it as it is).");
 
   py::class_<Batch>(m, "Lease", py::buffer_protocol(),
                     "A delivered batch: its bytes stay valid, and its ring slot reserved, while this "

@@ -127,10 +127,14 @@ class SlotLayout:
         ...
 class SampleRows:
     """
-    One batch structure compiled for WorkerContext.put_samples: the walk over a sample (containers, then leaves as fields in order), the slot layout and the structure bytes.
+    One batch structure compiled for WorkerContext.read_rows/put_samples: the walk over a sample (containers, then leaves as fields in order), the slot layout and the structure bytes.
     """
     def __init__(self, walk: list, layout: SlotLayout, structure: bytes, scalar_types: list) -> None:
         ...
+    def takes(self, sample: typing.Any) -> bool:
+        """
+        True if `sample` matches this structure exactly (read_rows would copy it as it is).
+        """
 class Lease:
     """
     A delivered batch: its bytes stay valid, and its ring slot reserved, while this object or any buffer made from it lives.

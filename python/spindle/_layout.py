@@ -256,15 +256,16 @@ class SlotWriter:
 
     def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
         """Reads the item's samples (``dataset[i]``), writing each into the slot as it is read
-        while every one matches one structure: the last batch's, or else the one the batch's
-        first sample has. The worker then holds one sample at a time, as a plain loop over
-        ``dataset[i]`` does. None if the batch is in the slot (commit it); else (samples,
+        while every one matches the structure of the batch's first sample (the last batch's
+        plan if it takes that sample, else one made for it). The worker thus never holds a
+        batch of samples, only the one being copied and the one before it, as a plain loop over
+        ``dataset[i]`` nearly does. None if the batch is in the slot (commit it); else (samples,
         indices) for ``write``, the samples already copied rebuilt from the slot exactly as
         they came. A first sample the slot cannot take goes to ``write`` with the rest, which
         names it (or, for torch, collates)."""
-        plan, first = self._last, None
-        if plan is None:
-            first = ctx.read_sample(item, dataset)
+        first = ctx.read_sample(item, dataset)
+        plan = self._last
+        if plan is None or not plan.rows.takes(first):
             plan = self._plan_of(item, first)
             if plan is None or plan.rows is None:
                 return ctx.read_samples(item, dataset, first)
