@@ -22,12 +22,19 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def stage(dest: Path, packages: list[str]) -> None:
-    """Copies importable packages (by name) into `dest`, readable by everyone."""
+    """Copies importable packages or modules (by name) into `dest`, readable by everyone; a
+    wheel's bundled libraries (`<name>.libs` beside the package, e.g. numpy's OpenBLAS) too."""
     import importlib
 
     for name in packages:
-        src = Path(importlib.import_module(name).__file__).parent
-        shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        path = Path(importlib.import_module(name).__file__)
+        if path.name != "__init__.py":  # a one-file module
+            shutil.copy(path, dest / path.name)
+            continue
+        shutil.copytree(path.parent, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        libs = path.parent.with_name(name + ".libs")
+        if libs.is_dir():
+            shutil.copytree(libs, dest / libs.name)
     for root, dirs, files in os.walk(dest):
         os.chmod(root, 0o755)
         for f in files:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,11 +257,12 @@ def test_the_consumers_blas_pool_keeps_its_room_while_forks_stop_it():
     a ledger lease meanwhile: another process's loader started in that window (asking 8 workers, 6 tasks
     free in /proc) is granted 5 and leaves the 6th to the pool, which restarts (2 threads, no warning)."""
     from unprivileged import run_limited
-    site = str(Path(np.__file__).resolve().parents[1])  # numpy with OpenBLAS (pthreads) and threadpoolctl
     launcher = f"POOL_OWNER = {POOL_OWNER!r}\nLOADER_BESIDE = {LOADER_BESIDE!r}\n" + POOL_LAUNCHER
     # The launcher's own thread is run_limited's +1; the owner runs 2 threads, the other process 1: 3,
-    # and 5 more, so 6 are free once the owner's pool thread stops.
-    done = run_limited(launcher, headroom=3 + 5, timeout=180, extra_path=(site,))
+    # and 5 more, so 6 are free once the owner's pool thread stops. numpy (with its OpenBLAS, pthreads)
+    # and threadpoolctl are staged with spindle: the uid cannot be assumed to read this venv (a checkout
+    # in a 0700 directory), and Debian's numpy runs the reference BLAS, with no pool.
+    done = run_limited(launcher, headroom=3 + 5, timeout=180, packages=("spindle", "numpy", "threadpoolctl"))
     assert done.returncode == 0, done.stderr
     owner, beside = json.loads(done.stdout.strip().splitlines()[-1])
     assert owner["rc"] == 0 and beside["rc"] == 0, (owner["stderr"], beside["stderr"])
