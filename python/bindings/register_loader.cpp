@@ -371,6 +371,69 @@ void register_loader(py::module_& m) {
            "(written, kinds, rest): samples 0..written-1 are in the slot with `rows`' layout (kinds: a byte per "
            "field of each, what its leaf was: 0 array, 1 int, 2 float, 3 bool, 4 numpy scalar) and `rest` holds "
            "the others, from the first that does not match. An exception from dataset[i] propagates as it is.")
+      .def("read_stream_rows",
+           [](WorkerContext& ctx, WorkItem& item, py::handle stream, py::object first, std::size_t count,
+              int64_t position, const SampleRows* rows) -> py::tuple {
+             // read_rows for a stream: `first` (stream position `position`)
+             // was read by the caller, up to count - 1 more come from
+             // next(stream). Each sample that matches `rows` (None: none
+             // does) is copied into the slot as it is read, and let go once
+             // the next one is read.
+             SampleRows::Gathered one;
+             std::string kinds;
+             std::span<std::byte> out;
+             std::size_t read = 0, written = 0;
+             bool ended = false;
+             py::object error = py::none(), copied;
+             py::list rest;
+             for (std::size_t i = 0; i < count; ++i) {
+               py::object sample;
+               if (i == 0) {
+                 sample = std::move(first);
+               } else {
+                 ctx.set_sample(position + static_cast<int64_t>(i));
+                 PyObject* got = PyIter_Next(stream.ptr());
+                 if (got == nullptr) {
+                   if (PyErr_Occurred()) {  // the stream raised: handed back, with its traceback
+                     PyObject *type, *value, *trace;
+                     PyErr_Fetch(&type, &value, &trace);
+                     PyErr_NormalizeException(&type, &value, &trace);
+                     if (trace != nullptr) PyException_SetTraceback(value, trace);
+                     Py_XDECREF(type);
+                     Py_XDECREF(trace);
+                     error = py::reinterpret_steal<py::object>(value);
+                   } else {
+                     ended = true;
+                   }
+                   break;
+                 }
+                 sample = py::reinterpret_steal<py::object>(got);
+               }
+               ++read;
+               copied = py::object();
+               if (rows != nullptr && written == i && rows->gather_one(sample.ptr(), one)) {
+                 if (i == 0) {
+                   py::gil_scoped_release release;  // may reserve memory (fallocate)
+                   out = ctx.begin_arrays(item, rows->layout(), rows->structure());
+                 }
+                 ctx.put_row(rows->layout(), out, i, one.rows);
+                 kinds.append(reinterpret_cast<const char*>(one.kinds.data()), one.kinds.size());
+                 ++written;
+                 copied = std::move(sample);
+               } else {
+                 rest.append(sample);
+               }
+             }
+             return py::make_tuple(read, ended, error, written, py::bytes(kinds), std::move(rest));
+           },
+           py::arg("item"), py::arg("stream"), py::arg("first"), py::arg("count"), py::arg("position"),
+           py::arg("rows").none(true),
+           "A stream's batch: `first` (already read, at stream position `position`) and up to count - 1 more "
+           "samples from next(stream) (the crash record naming each position), copied into the slot as read "
+           "while they match `rows` exactly (None: kept, none copied). Returns (read, ended, error, written, "
+           "kinds, rest): samples read; whether the stream ended; the exception the stream raised (None), "
+           "which ends the read; then as read_rows: samples 0..written-1 in the slot, the kind of each of "
+           "their leaves, and the samples kept from the first that did not match.")
       .def("put_samples",
            [](WorkerContext& ctx, WorkItem& item, const SampleRows& rows, const py::list& samples) {
              SampleRows::Gathered gathered;  // released after the copy, with the GIL

@@ -253,6 +253,10 @@ class WorkerContext:
         """
         ([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it is read; `first`, if given, is sample 0, already read (read_sample). An exception from dataset[i] propagates as it is (the record still names i).
         """
+    def read_stream_rows(self, item: WorkItem, stream: typing.Any, first: typing.Any, count: typing.SupportsInt | typing.SupportsIndex, position: typing.SupportsInt | typing.SupportsIndex, rows: SampleRows) -> tuple:
+        """
+        A stream's batch: `first` (already read, at stream position `position`) and up to count - 1 more samples from next(stream) (the crash record naming each position), copied into the slot as read while they match `rows` exactly (None: kept, none copied). Returns (read, ended, error, written, kinds, rest): samples read; whether the stream ended; the exception the stream raised (None), which ends the read; then as read_rows: samples 0..written-1 in the slot, the kind of each of their leaves, and the samples kept from the first that did not match.
+        """
     def sample_record(self) -> numpy.ndarray:
         """
         This worker's crash record (one int64: the sample being produced), as an array a loop can update with a plain store; the consumer reports it if the worker dies.

@@ -264,11 +264,9 @@ class SlotWriter:
         they came. A first sample the slot cannot take goes to ``write`` with the rest, which
         names it (or, for torch, collates)."""
         first = ctx.read_sample(item, dataset)
-        plan = self._last
-        if plan is None or not plan.rows.takes(first):
-            plan = self._plan_of(item, first)
-            if plan is None or plan.rows is None:
-                return ctx.read_samples(item, dataset, first)
+        plan = self._plan_for(item, first, item.indices[0])
+        if plan is None:
+            return ctx.read_samples(item, dataset, first)
         left = ctx.read_rows(item, dataset, plan.rows, first)
         if left is None:
             self._last = plan
@@ -276,14 +274,38 @@ class SlotWriter:
         written, kinds, rest = left
         return self._rebuilt(ctx, item, plan, written, kinds) + rest, item.indices
 
-    def _plan_of(self, item: Any, sample: Any) -> Optional[_Plan]:
-        """The plan for batches shaped as `sample` (sample 0 of `item`); None if it cannot be laid
-        out (``write`` meets the same error again, and reports or collates as it does)."""
+    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int,
+                    position: int) -> tuple[int, bool, Optional[BaseException], Optional[tuple[list[Any], list[int]]]]:
+        """``read`` for a stream: `first` (already read, stream position `position`) and up to
+        count - 1 more samples from `stream`, each written as read while they match the plan
+        `first` picks. Returns (samples read, whether the stream ended, the exception the stream
+        raised or None, and None if the batch is in the slot or else (samples, indices) for
+        ``write``)."""
+        plan = self._plan_for(item, first, position)
+        read, ended, error, written, kinds, rest = ctx.read_stream_rows(
+            item, stream, first, count, position, None if plan is None else plan.rows)
+        del first
+        if error is not None or written == read:
+            if error is None:
+                self._last = plan
+            return read, ended, error, None
+        samples = self._rebuilt(ctx, item, plan, written, kinds) + rest
+        return read, ended, None, (samples, list(range(position, position + read)))
+
+    def _plan_for(self, item: Any, sample: Any, index: int) -> Optional[_Plan]:
+        """The plan a batch whose first sample (number `index`) is `sample` is written with as it
+        is read: the last batch's if it takes the sample exactly, else one made for it; None if
+        the sample cannot be laid out or its structure is not one the C++ walk reads (``write``
+        then meets the same sample again, and reports, lays out or collates as it does)."""
+        plan = self._last
+        if plan is not None and plan.rows.takes(sample):
+            return plan
         try:
-            description = self.describe(sample, item.indices[0])
-            return self._plans.get(description) or self._plan(item, description)
+            description = self.describe(sample, index)
+            plan = self._plans.get(description) or self._plan(item, description)
         except Exception:
             return None
+        return plan if plan.rows is not None else None
 
     @staticmethod
     def _rebuilt(ctx: Any, item: Any, plan: _Plan, count: int, kinds: bytes) -> list[Any]:

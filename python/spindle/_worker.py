@@ -98,6 +98,12 @@ class CollatedBatches:
             return ctx.read_samples(item, dataset)
         return self._writer.read(ctx, item, dataset)
 
+    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
+        """A stream's batch, as SlotWriter.read_stream (without the array path: every sample kept)."""
+        if self._writer is None:
+            return read_stream_kept(ctx, item, stream, first, count, position)
+        return self._writer.read_stream(ctx, item, stream, first, count, position)
+
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         writer = self._writer
         if writer is not None:
@@ -133,12 +139,21 @@ class ArrayElements:
     def __init__(self) -> None:
         self._writer = SlotWriter(1)
 
+    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
+        return read_stream_kept(ctx, item, stream, first, count, position)
+
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         element = samples[0]
         if _only_arrays(element):
             self._writer.write(ctx, item, samples[:1], indices)
         else:
             ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_stream_kept(ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
+    """A stream's batch read as SlotWriter.read_stream returns it, every sample kept for write."""
+    read, ended, error, _, _, rest = ctx.read_stream_rows(item, stream, first, count, position, None)
+    return read, ended, error, (None if error is not None else (rest, list(range(position, position + read))))
 
 
 def _only_arrays(value: Any) -> bool:
@@ -245,6 +260,7 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
     if (failure := _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset))))) is not None:
         return _answer_failed_start(ctx, failure)
     stream = streams[0]
+    read_stream = transport.read_stream
     worker_id = ctx.worker_id
     record = ctx.sample_record()
     position = 0  # samples this worker has read from its stream
@@ -268,23 +284,29 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
             if ended:
                 ctx.exhausted(item)
                 continue
-            samples: list[Any] = []
             try:
-                for _ in range(batch_size):
-                    record[0] = position
-                    try:
-                        samples.append(next(stream))
-                    except StopIteration:
-                        ended = True
-                        break
-                    position += 1
-                if not samples or (drop_last and len(samples) < batch_size):
+                record[0] = position
+                try:
+                    first = next(stream)
+                except StopIteration:
                     ended = True
                     ctx.exhausted(item)
                     continue
-                first = position - len(samples)
-                transport.write(ctx, item, samples, list(range(first, position)))
-                ctx.commit(item, len(samples))
+                position += 1
+                # The rest of the batch is read (and copied as read) in one call.
+                count, ended, error, left = read_stream(ctx, item, stream, first, batch_size, position - 1)
+                del first
+                position += count - 1
+                if error is not None:
+                    raise error
+                if drop_last and count < batch_size:
+                    ended = True
+                    ctx.exhausted(item)
+                    continue
+                if left is not None:
+                    transport.write(ctx, item, *left)
+                    del left
+                ctx.commit(item, count)
             except Exception as exc:
                 index = getattr(exc, "sample_index", position)
                 ctx.fail(item, pack_exception(exc, index, worker_id, MIN_SLOT_BYTES))

@@ -648,3 +648,40 @@ def test_a_sample_that_differs_after_matching_ones_gets_torchs_collate():
     for k, (a, b) in enumerate(zip(got, expected)):
         same(a, b, f"batch {k}")
     assert got[2][1].dtype == torch.float32 and got[3][1].dtype == torch.int64
+
+
+class _TrackedImage(np.ndarray):
+    """An array whose live instances a stream can count (ndarrays take weak references)."""
+
+
+class _CountingStream(torch.utils.data.IterableDataset):
+    """Yields (image, how many of this worker's earlier images were alive then); every 5th batch of 8
+    (from sample 21 on) an image turns non-contiguous mid-batch, leaving the one-call path."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        import weakref
+        info = torch.utils.data.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        alive = []
+        for i in range(w, self.n, k):
+            alive = [r for r in alive if r() is not None]
+            image = np.full((6, 4), i, np.int32)
+            image = (image.T.copy().T if i % 40 == 21 else image).view(_TrackedImage)
+            alive.append(weakref.ref(image))
+            yield image, len(alive) - 1
+
+
+def test_stream_workers_copy_each_sample_as_they_read_it_and_give_torchs_batches():
+    """An IterableDataset's workers copy each sample into the slot as it comes from the stream and let it
+    go (at most two earlier ones alive, torch holds a whole batch); a sample that leaves the array path
+    mid-batch (non-contiguous) gets the batch collated as before; the images are torch's, batch for batch."""
+    expected, got = both(_CountingStream(203), batch_size=8, num_workers=2)
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        same(a[0], b[0], f"batch {k}")
+    plain = [b for b in got if not any(int(i) % 40 == 21 for i in b[0][:, 0, 0])]
+    assert len(plain) >= 20 and max(int(b[1].max()) for b in plain) <= 2
+    assert max(int(b[1].max()) for b in expected) >= 7  # torch's worker holds its batch
