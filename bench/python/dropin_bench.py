@@ -9,7 +9,10 @@ The physical limit is what 2 processes can produce: 2 x one process's rate of
 ``dataset[i]`` (measured here, in this run). Each front's steady rate (after
 its first batch, persistent workers, so forking is out of the clock) is
 reported as a fraction of that limit, beside torch's DataLoader on the same
-dataset in the same run. Time to first batch (``iter()`` + first ``next()``,
+dataset in the same run. The same samples from an IterableDataset (each worker
+taking every 2nd, as ``get_worker_info()`` sharding does) run through
+spindle.torch and torch, against 2 x one process's rate of ``next()`` over
+the stream. Time to first batch (``iter()`` + first ``next()``,
 fresh workers) compares spindle.torch with torch at 2 and 16 workers. Imports
 are done before any clock starts. Rounds alternate the loaders; medians are
 reported.
@@ -33,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch.utils.data
 
 from machine import load_average, machine_info, write_results
 
@@ -52,6 +56,32 @@ class Pairs:
 
     def __getitem__(self, i: int):
         return np.full(SHAPE, i % 251, np.uint8), i
+
+
+class PairStream(torch.utils.data.IterableDataset):
+    """The same samples from an IterableDataset, each worker taking every N-th (torch's usual
+    sharding by get_worker_info())."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(w, self.n, k):
+            yield np.full(SHAPE, i % 251, np.uint8), i
+
+
+def stream_rate(ds: PairStream, passes: int = 5) -> tuple[float, float]:
+    """One process's rate of next() over the stream and its CPU seconds per sample, the best of `passes`."""
+    best, cpu = 0.0, float("inf")
+    for _ in range(passes):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in ds:
+            pass
+        best = max(best, ds.n / (time.perf_counter() - start))
+        cpu = min(cpu, (time.process_time() - start_cpu) / ds.n)
+    return best, cpu
 
 
 def dataset_rate(ds: Pairs, passes: int = 5) -> tuple[float, float]:
@@ -131,11 +161,19 @@ def main() -> int:
     limit = 2 * one
     print(f"one process's rate of dataset[i]: {one:,.0f} samples/s ({one_cpu * 1e9:.0f} ns CPU each); "
           f"limit for 2 workers {limit:,.0f}", flush=True)
+    stream = PairStream(args.samples)
+    one_stream, one_stream_cpu = stream_rate(stream)
+    print(f"one process's rate of next() over the stream: {one_stream:,.0f} samples/s "
+          f"({one_stream_cpu * 1e9:.0f} ns CPU each); limit for 2 workers {2 * one_stream:,.0f}", flush=True)
     fronts = {
         "spindle.DataLoader": spindle.DataLoader(ds, BATCH, num_workers=2, persistent_workers=True),
         "spindle.torch.DataLoader": spindle.torch.DataLoader(ds, BATCH, num_workers=2, persistent_workers=True),
         "torch.utils.data.DataLoader": torch.utils.data.DataLoader(ds, BATCH, num_workers=2,
                                                                    persistent_workers=True),
+        "spindle.torch.DataLoader (stream)": spindle.torch.DataLoader(stream, BATCH, num_workers=2,
+                                                                      persistent_workers=True),
+        "torch.utils.data.DataLoader (stream)": torch.utils.data.DataLoader(stream, BATCH, num_workers=2,
+                                                                            persistent_workers=True),
     }
     rates: dict[str, list[float]] = {name: [] for name in fronts}
     cpu: dict[str, dict[str, list[float]]] = {name: {"workers": [], "consumer": []} for name in fronts}
@@ -173,23 +211,28 @@ def main() -> int:
     for name, v in rates.items():
         workers_cpu = statistics.median(cpu[name]["workers"])
         consumer_cpu = statistics.median(cpu[name]["consumer"])
+        streamed = name.endswith("(stream)")  # against its own limit and torch's loader of the same stream
+        peer = "torch.utils.data.DataLoader" + (" (stream)" if streamed else "")
         summary[name] = {
-            "median_samples_per_s": statistics.median(v), "fraction_of_limit": statistics.median(v) / limit,
-            "vs_torch": statistics.median(v) / statistics.median(rates["torch.utils.data.DataLoader"]),
+            "median_samples_per_s": statistics.median(v),
+            "fraction_of_limit": statistics.median(v) / (2 * one_stream if streamed else limit),
+            "vs_torch": statistics.median(v) / statistics.median(rates[peer]),
             "worker_cpu_ns_per_sample": workers_cpu * 1e9, "consumer_cpu_ns_per_sample": consumer_cpu * 1e9,
             # dataset[i]'s share of all CPU time the loader spends per sample: the fraction of the
             # limit it would reach with its processes alone on the cores
-            "dataset_share_of_cpu": one_cpu / (workers_cpu + consumer_cpu)}
+            "dataset_share_of_cpu": (one_stream_cpu if streamed else one_cpu) / (workers_cpu + consumer_cpu)}
     for name, s in summary.items():
-        print(f"{name:28} {s['median_samples_per_s']:12,.0f} samples/s  {100 * s['fraction_of_limit']:5.1f}% of the "
+        print(f"{name:36} {s['median_samples_per_s']:12,.0f} samples/s  {100 * s['fraction_of_limit']:5.1f}% of the "
               f"2-worker limit  {s['vs_torch']:5.2f}x torch  CPU/sample: workers {s['worker_cpu_ns_per_sample']:5.0f} ns, "
-              f"consumer {s['consumer_cpu_ns_per_sample']:4.0f} ns (dataset[i] {one_cpu * 1e9:.0f} ns: "
+              f"consumer {s['consumer_cpu_ns_per_sample']:4.0f} ns (the dataset's own share: "
               f"{100 * s['dataset_share_of_cpu']:.0f}%)", flush=True)
     load_at_end = load_average()
     print(f"load average: {load_at_start} at start, {load_at_end} at the end", flush=True)
     write_results(Path(args.out).stem, {"machine": machine_info(), "workload": f"(uint8 {SHAPE}, int), batch {BATCH}, 2 workers",
                              "one_process_rate": one, "one_process_cpu_ns_per_sample": one_cpu * 1e9,
-                             "limit_2_workers": limit, "rates": rates, "cpu_seconds_per_sample": cpu,
+                             "limit_2_workers": limit, "one_process_stream_rate": one_stream,
+                             "one_process_stream_cpu_ns_per_sample": one_stream_cpu * 1e9,
+                             "stream_limit_2_workers": 2 * one_stream, "rates": rates, "cpu_seconds_per_sample": cpu,
                              "summary": summary, "first_batch_seconds": ttfb,
                              "load_average": {"start": load_at_start, "end": load_at_end}})
     return 0
