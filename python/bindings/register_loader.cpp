@@ -113,6 +113,57 @@ py::list item_indices(const WorkItem& item) {
   return out;
 }
 
+// A batch written sample by sample as a worker reads it (read_rows,
+// read_stream_rows): each sample that `rows` takes exactly is copied into
+// its slot row at once and let go once the next one is read — freed right
+// after the copy, the allocator's lock would wait for the copy's streaming
+// stores to reach memory; a sample later lets them drain behind dataset[i+1].
+// From the first sample it does not take (or with no `rows`), the samples
+// are kept, for the general path.
+class RowsAsRead {
+ public:
+  RowsAsRead(WorkerContext& ctx, WorkItem& item, const SampleRows* rows) : ctx_(ctx), item_(item), rows_(rows) {}
+
+  void add(py::object sample) {
+    const std::size_t i = written_ + static_cast<std::size_t>(py::len(rest_));
+    copied_ = py::object();
+    if (rest_.empty() && rows_ != nullptr && rows_->gather_one(sample.ptr(), one_)) {
+      if (i == 0) {
+        const int64_t reading =
+            ctx_.ring().worker(static_cast<uint32_t>(ctx_.worker_id())).sample_index.load(std::memory_order_relaxed);
+        ctx_.set_sample(-1);  // an error laying out the slot is the batch's, not a sample's
+        {
+          py::gil_scoped_release release;  // may reserve memory (fallocate)
+          out_ = ctx_.begin_arrays(item_, rows_->layout(), rows_->structure());
+        }
+        ctx_.set_sample(reading);
+      }
+      ctx_.put_row(rows_->layout(), out_, i, one_.rows);
+      kinds_.append(reinterpret_cast<const char*>(one_.kinds.data()), one_.kinds.size());
+      ++written_;
+      copied_ = std::move(sample);
+    } else {
+      rest_.append(sample);
+    }
+  }
+  std::size_t read() const { return written_ + static_cast<std::size_t>(py::len(rest_)); }
+  std::size_t written() const noexcept { return written_; }
+  // SampleRows::Leaf of each written sample's fields, sample-major.
+  py::bytes kinds() const { return py::bytes(kinds_); }
+  py::list rest() const { return rest_; }
+
+ private:
+  WorkerContext& ctx_;
+  WorkItem& item_;
+  const SampleRows* rows_;
+  SampleRows::Gathered one_;
+  std::span<std::byte> out_;
+  std::size_t written_ = 0;
+  std::string kinds_;
+  py::list rest_;
+  py::object copied_;  // the last sample copied
+};
+
 // Copies each of `rows` (C-contiguous buffers of exactly row_bytes) into
 // consecutive rows of `dst`. Returns false, copying nothing, if a row is not
 // such a buffer (the caller then takes its general path).
@@ -330,39 +381,12 @@ void register_loader(py::module_& m) {
       .def("read_rows",
            [](WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows,
               py::object first) -> py::object {
-             // read_samples and put_samples in one pass: each sample that
-             // matches `rows` is copied into the slot as soon as it is read
-             // and let go (as a loop of dataset[i] drops each result, so the
-             // allocator hands the next sample the same warm memory, and no
-             // batch of live samples fragments the heap). From the first
-             // sample that does not match, the rest are kept.
-             const std::size_t n = item.indices.size();
-             SampleRows::Gathered one;
-             std::string kinds;  // SampleRows::Leaf of each written sample's fields, sample-major
-             kinds.reserve(n * rows.layout().num_fields());
-             std::span<std::byte> out;
-             std::size_t written = 0;
-             py::list rest;
-             py::object copied;  // the last sample copied, let go once the next one is read
-             for (std::size_t i = 0; i < n; ++i) {
-               py::object sample = i == 0 && !first.is_none() ? std::move(first) : read_sample(ctx, item, i, dataset);
-               copied = py::object();
-               if (written == i && rows.gather_one(sample.ptr(), one)) {
-                 if (i == 0) {
-                   ctx.set_sample(-1);  // an error laying out the slot is the batch's, not a sample's
-                   py::gil_scoped_release release;  // may reserve memory (fallocate)
-                   out = ctx.begin_arrays(item, rows.layout(), rows.structure());
-                 }
-                 ctx.put_row(rows.layout(), out, i, one.rows);
-                 kinds.append(reinterpret_cast<const char*>(one.kinds.data()), one.kinds.size());
-                 ++written;
-                 copied = std::move(sample);
-               } else {
-                 rest.append(sample);
-               }
-             }
-             if (written == n) return py::none();
-             return py::make_tuple(written, py::bytes(kinds), std::move(rest));
+             // read_samples and put_samples in one pass (RowsAsRead).
+             RowsAsRead batch(ctx, item, &rows);
+             for (std::size_t i = 0; i < item.indices.size(); ++i)
+               batch.add(i == 0 && !first.is_none() ? std::move(first) : read_sample(ctx, item, i, dataset));
+             if (batch.written() == item.indices.size()) return py::none();
+             return py::make_tuple(batch.written(), batch.kinds(), batch.rest());
            },
            py::arg("item"), py::arg("dataset"), py::arg("rows"), py::arg("first") = py::none(),
            "dataset[i] for each of the item's indices (the crash record naming each; `first`, if given, is "
@@ -376,55 +400,31 @@ void register_loader(py::module_& m) {
               int64_t position, const SampleRows* rows) -> py::tuple {
              // read_rows for a stream: `first` (stream position `position`)
              // was read by the caller, up to count - 1 more come from
-             // next(stream). Each sample that matches `rows` (None: none
-             // does) is copied into the slot as it is read, and let go once
-             // the next one is read.
-             SampleRows::Gathered one;
-             std::string kinds;
-             std::span<std::byte> out;
-             std::size_t read = 0, written = 0;
+             // next(stream).
+             RowsAsRead batch(ctx, item, rows);
              bool ended = false;
-             py::object error = py::none(), copied;
-             py::list rest;
-             for (std::size_t i = 0; i < count; ++i) {
-               py::object sample;
-               if (i == 0) {
-                 sample = std::move(first);
-               } else {
-                 ctx.set_sample(position + static_cast<int64_t>(i));
-                 PyObject* got = PyIter_Next(stream.ptr());
-                 if (got == nullptr) {
-                   if (PyErr_Occurred()) {  // the stream raised: handed back, with its traceback
-                     PyObject *type, *value, *trace;
-                     PyErr_Fetch(&type, &value, &trace);
-                     PyErr_NormalizeException(&type, &value, &trace);
-                     if (trace != nullptr) PyException_SetTraceback(value, trace);
-                     Py_XDECREF(type);
-                     Py_XDECREF(trace);
-                     error = py::reinterpret_steal<py::object>(value);
-                   } else {
-                     ended = true;
-                   }
-                   break;
+             py::object error = py::none();
+             batch.add(std::move(first));
+             for (std::size_t i = 1; i < count; ++i) {
+               ctx.set_sample(position + static_cast<int64_t>(i));
+               PyObject* got = PyIter_Next(stream.ptr());
+               if (got == nullptr) {
+                 if (PyErr_Occurred()) {  // the stream raised: handed back, with its traceback
+                   PyObject *type, *value, *trace;
+                   PyErr_Fetch(&type, &value, &trace);
+                   PyErr_NormalizeException(&type, &value, &trace);
+                   if (trace != nullptr) PyException_SetTraceback(value, trace);
+                   Py_XDECREF(type);
+                   Py_XDECREF(trace);
+                   error = py::reinterpret_steal<py::object>(value);
+                 } else {
+                   ended = true;
                  }
-                 sample = py::reinterpret_steal<py::object>(got);
+                 break;
                }
-               ++read;
-               copied = py::object();
-               if (rows != nullptr && written == i && rows->gather_one(sample.ptr(), one)) {
-                 if (i == 0) {
-                   py::gil_scoped_release release;  // may reserve memory (fallocate)
-                   out = ctx.begin_arrays(item, rows->layout(), rows->structure());
-                 }
-                 ctx.put_row(rows->layout(), out, i, one.rows);
-                 kinds.append(reinterpret_cast<const char*>(one.kinds.data()), one.kinds.size());
-                 ++written;
-                 copied = std::move(sample);
-               } else {
-                 rest.append(sample);
-               }
+               batch.add(py::reinterpret_steal<py::object>(got));
              }
-             return py::make_tuple(read, ended, error, written, py::bytes(kinds), std::move(rest));
+             return py::make_tuple(batch.read(), ended, error, batch.written(), batch.kinds(), batch.rest());
            },
            py::arg("item"), py::arg("stream"), py::arg("first"), py::arg("count"), py::arg("position"),
            py::arg("rows").none(true),
