@@ -35,9 +35,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from machine import machine_info, write_results
+from spindle.bench.harness import last_json
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # tests/unprivileged.py
@@ -145,16 +146,6 @@ def loader_epoch_script(loader: str) -> str:
     return LOADER_EPOCH.replace("PARAMS_JSON", repr(json.dumps(params)))
 
 
-def last_json_line(text: str) -> Optional[dict[str, Any]]:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
-
-
 def run_as_root(loader: str) -> dict[str, Any]:
     """Part (a): one epoch in a child process, its tree sampled from here."""
     child = subprocess.Popen([sys.executable, "-c", loader_epoch_script(loader)], stdout=subprocess.PIPE,
@@ -165,7 +156,7 @@ def run_as_root(loader: str) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             child.kill()
             out, err = child.communicate()
-    report = last_json_line(out) or {"outcome": "no report", "error": err[-3000:]}
+    report = last_json(out) or {"outcome": "no report", "error": err[-3000:]}
     p = sampler.peaks
     report.update(peak_tree_threads_sampled=p.threads, peak_tree_processes_sampled=p.processes,
                   sampler_polls=p.polls, returncode=child.returncode)
@@ -192,7 +183,7 @@ def run_under_ulimit(loader: str) -> dict[str, Any]:
         except subprocess.TimeoutExpired as exc:
             decode = (lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
             out, err, rc = decode(exc.stdout), decode(exc.stderr), None
-    report = last_json_line(out) or {"outcome": "hang" if rc is None else "no report"}
+    report = last_json(out) or {"outcome": "hang" if rc is None else "no report"}
     if "error" not in report and report.get("outcome") != "completed":
         report["error"] = err[-3000:]
     report.update(returncode=rc, seconds=round(time.perf_counter() - started, 1),

@@ -103,16 +103,6 @@ py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, 
   return py::reinterpret_steal<py::object>(sample);
 }
 
-py::list item_indices(const WorkItem& item) {
-  py::list out(item.indices.size());
-  for (std::size_t i = 0; i < item.indices.size(); ++i) {
-    PyObject* v = PyLong_FromLongLong(item.indices[i]);
-    if (v == nullptr) throw py::error_already_set();
-    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
-  }
-  return out;
-}
-
 // A batch written sample by sample as a worker reads it (read_rows,
 // read_stream_rows): each sample that `rows` takes exactly is copied into
 // its slot row at once and let go once the next one is read — freed right
@@ -372,7 +362,7 @@ void register_loader(py::module_& m) {
                py::object sample = i == 0 && !first.is_none() ? first : read_sample(ctx, item, i, dataset);
                PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample.release().ptr());
              }
-             return py::make_tuple(std::move(samples), item_indices(item));
+             return py::make_tuple(std::move(samples), std::vector<int64_t>(item.indices.begin(), item.indices.end()));
            },
            py::arg("item"), py::arg("dataset"), py::arg("first") = py::none(),
            "([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it "

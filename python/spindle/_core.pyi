@@ -249,7 +249,7 @@ class WorkerContext:
         """
         dataset[i] for the item's first index, stored in the crash record before it is read.
         """
-    def read_samples(self, item: WorkItem, dataset: typing.Any, first: typing.Any = None) -> tuple[list, list]:
+    def read_samples(self, item: WorkItem, dataset: typing.Any, first: typing.Any = None) -> tuple[list, list[int]]:
         """
         ([dataset[i] for i in item.indices], item.indices), each index stored in the crash record before it is read; `first`, if given, is sample 0, already read (read_sample). An exception from dataset[i] propagates as it is (the record still names i).
         """

@@ -164,7 +164,8 @@ def check_importable(python: str, modules: tuple[str, ...], env: dict[str, str])
     return f"not importable in {python}: {lines[-1] if lines else f'exit status {done.returncode}'}"
 
 
-def _last_json(text: str) -> Optional[dict[str, Any]]:
+def last_json(text: str) -> Optional[dict[str, Any]]:
+    """The last line of `text` that is a JSON object (a child's report), or None."""
     for line in reversed(text.strip().splitlines()):
         if line.startswith("{"):
             try:
@@ -231,7 +232,7 @@ def run_one(workload: str, loader: str, workers: int, s: Settings, staging: Stag
                base_tasks if uid is not None else 0)
     own = _reaped_children_cpu()  # the child's whole life, with the workers it reaped
     harness_cpu = _self_cpu() - self0  # this process meanwhile: mostly the sampler
-    report = _last_json(out) or {"outcome": "killed" if killed else "no report",
+    report = last_json(out) or {"outcome": "killed" if killed else "no report",
                                  "error": (err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]}
     if killed:
         report["outcome"] = "hang"
