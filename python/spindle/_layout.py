@@ -264,7 +264,7 @@ class SlotWriter:
         they came. A first sample the slot cannot take goes to ``write`` with the rest, which
         names it (or, for torch, collates)."""
         first = ctx.read_sample(item, dataset)
-        plan = self._plan_for(item, first, item.indices[0])
+        plan = self._plan_for(item, first)
         if plan is None:
             return ctx.read_samples(item, dataset, first)
         left = ctx.read_rows(item, dataset, plan.rows, first)
@@ -292,16 +292,17 @@ class SlotWriter:
         samples = self._rebuilt(ctx, item, plan, written, kinds) + rest
         return read, ended, None, (samples, list(range(position, position + read)))
 
-    def _plan_for(self, item: Any, sample: Any, index: int) -> Optional[_Plan]:
-        """The plan a batch whose first sample (number `index`) is `sample` is written with as it
-        is read: the last batch's if it takes the sample exactly, else one made for it; None if
-        the sample cannot be laid out or its structure is not one the C++ walk reads (``write``
-        then meets the same sample again, and reports, lays out or collates as it does)."""
+    def _plan_for(self, item: Any, sample: Any, index: Optional[int] = None) -> Optional[_Plan]:
+        """The plan a batch whose first sample (number `index`; None: the item's first index) is
+        `sample` is written with as it is read: the last batch's if it takes the sample exactly,
+        else one made for it; None if the sample cannot be laid out or its structure is not one
+        the C++ walk reads (``write`` then meets the same sample again, and reports, lays out or
+        collates as it does)."""
         plan = self._last
         if plan is not None and plan.rows.takes(sample):
             return plan
         try:
-            description = self.describe(sample, index)
+            description = self.describe(sample, item.indices[0] if index is None else index)
             plan = self._plans.get(description) or self._plan(item, description)
         except Exception:
             return None
