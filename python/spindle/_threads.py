@@ -21,9 +21,10 @@ A thread is attributed in this order:
    ``gomp_thread_start``, XLA's ``tsl::PThread::ThreadFn`` in jaxlib,
    CPython's ``thread_run`` for every ``threading.Thread``. Reading another
    process's memory needs ptrace access (same uid and Yama's ptrace_scope 0,
-   or root); without it, or for a thread that is running, the thread is
-   reported as unattributed, with the runtimes whose libraries the process
-   has mapped as candidates.
+   or root). A thread on a CPU at that instant is looked at again for up to
+   0.2 s (pool threads spin a while after their work). Without access, or for
+   a thread that stays busy, it is reported as unattributed, with the
+   runtimes whose libraries the process has mapped as candidates.
 
 Measured on this tree's venv (2 CPUs): numpy's OpenBLAS pool threads resolve
 to ``libscipy_openblas64_*.so``, torch's OpenMP intra-op threads to
@@ -37,6 +38,7 @@ import bisect
 import dataclasses
 import os
 import re
+import time
 
 # Libraries that run every thread's first and last frames; never the answer.
 _SYSTEM_LIBS = re.compile(r"^(libc|libpthread|ld-linux|libstdc\+\+|libgcc_s|libm|libdl|librt)[.-]")
@@ -139,6 +141,7 @@ class _StackReader:
     """Reads thread stacks of one process; one open of /proc/<pid>/mem."""
 
     _MAX_STACK = 512 * 1024  # the outermost frames are at the top; more is never needed
+    _LOOKS, _LOOK_AGAIN_S = 40, 0.005  # a running thread is looked at for up to 0.2 s
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -179,12 +182,20 @@ class _StackReader:
         """(the outermost non-system library on the thread's stack, or None; why not)."""
         if self._mem is None:
             return None, self.error or "stack unreadable"
-        syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
-        if syscall is None:
-            return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
-        fields = syscall.split()
-        if len(fields) < 3:  # "running": no saved stack pointer to start from
-            return None, "it was running when looked at"
+        fields: list[str] = []
+        for attempt in range(self._LOOKS):
+            syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
+            if syscall is None:
+                return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
+            fields = syscall.split()
+            if len(fields) >= 3:
+                break
+            # "running" (on a CPU now: no saved stack pointer). A pool thread
+            # spins a while after its work before it sleeps (OpenBLAS, libgomp):
+            # look again once it has been preempted or gone to sleep.
+            time.sleep(self._LOOK_AGAIN_S)
+        else:
+            return None, "it was running each time it was looked at"
         sp = int(fields[-2], 16)
         top = next((m.hi for m in self._all if m.lo <= sp < m.hi), None)
         if top is None:

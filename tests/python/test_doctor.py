@@ -111,6 +111,29 @@ def test_console_script_is_declared():
         assert tomllib.load(f)["project"]["scripts"] == {"spindle": "spindle.cli:main"}
 
 
+@pytest.mark.skipif(CPUS < 2, reason="with one CPU the thread looked at is never on a CPU at that instant")
+def test_a_thread_busy_when_first_looked_at_is_attributed_once_it_waits():
+    """Proves: a pool thread still spinning after its work (OpenBLAS and libgomp do, for a while) is
+    looked at again until it waits, and then attributed, instead of being left "unattributed" (which
+    made limit_threads report a running OpenBLAS pool as capped on a loaded machine)."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import hashlib, json, os, threading, time
+        from spindle._threads import process_threads
+        data = b"x" * (64 << 20)  # sha256 of it: ~40 ms on a CPU, with the GIL released
+        started, done = threading.Event(), threading.Event()
+        def spin():
+            started.set()
+            hashlib.sha256(data).digest()
+            done.wait()
+        t = threading.Thread(target=spin)
+        t.start(); started.wait(); time.sleep(0.005)
+        print(json.dumps([[x.runtime, x.how] for x in process_threads(os.getpid())]))
+        done.set(); t.join()
+    """)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [["main thread", "main"], ["Python threads", "stack"]]
+
+
 # A loader tree with known threads: the consumer (main, 3 threads named probe_0..2, numpy's OpenBLAS
 # pool) and 2 forked workers of a persistent spindle.DataLoader, one thread each.
 TREE = textwrap.dedent("""
