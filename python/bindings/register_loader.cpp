@@ -215,6 +215,43 @@ std::vector<FieldSpec> field_specs(const std::vector<std::pair<std::string, std:
 
 }  // namespace
 
+// A Loader the last Python reference lets go of is closed here, in C++, with
+// the GIL released while its workers stop, and no Python-level __del__ exists
+// to do it: a signal handler (Ctrl-C's KeyboardInterrupt) that runs during a
+// Python finalizer is printed and dropped ("Exception ignored in __del__"), so
+// the program went on; from here it is raised in the code that dropped the
+// loader. The Loader itself is deleted holding the GIL: its worker_main is a
+// Python function.
+struct CloseWithoutGil {
+  void operator()(Loader* l) const {
+    {
+      py::gil_scoped_release release;
+      l->close();
+    }
+    delete l;
+  }
+};
+
+// What an owner of a Loader holds when others may share the Loader object:
+// torch's `_workers` views keep it to read worker_exits, yet dropping the
+// iterator (or a persistent torch DataLoader) must stop the workers. When
+// this goes, the loader is closed (GIL released); the Loader object lives on
+// while referenced, closed.
+class CloseOnDrop {
+ public:
+  explicit CloseOnDrop(py::object loader) : loader_(std::move(loader)) { (void)loader_.cast<Loader&>(); }
+  CloseOnDrop(const CloseOnDrop&) = delete;
+  CloseOnDrop& operator=(const CloseOnDrop&) = delete;
+  ~CloseOnDrop() {
+    Loader& l = loader_.cast<Loader&>();
+    py::gil_scoped_release release;
+    l.close();
+  }
+
+ private:
+  py::object loader_;  // released after the body, with the GIL held again
+};
+
 std::function<void()> budget_poll() {
   return [] {
     {
@@ -472,7 +509,7 @@ void register_loader(py::module_& m) {
       .def(py::init<int, int, pid_t>(), py::arg("segment_fd"), py::arg("worker_id"), py::arg("parent"))
       .def_property_readonly("context", &AttachedWorker::context, py::return_value_policy::reference_internal);
 
-  py::class_<Loader>(m, "Loader")
+  py::class_<Loader, std::unique_ptr<Loader, CloseWithoutGil>>(m, "Loader")
       .def(py::init([](const py::buffer& order, bool drop_last, const py::object& starts, py::function worker_main,
                        int num_workers,
                        uint32_t batch_capacity, uint64_t slot_bytes, std::optional<uint64_t> max_batch_bytes,
@@ -561,6 +598,11 @@ void register_loader(py::module_& m) {
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
       .def_property_readonly("copied_out", &Loader::copied_out);
+
+  py::class_<CloseOnDrop>(m, "CloseOnDrop",
+                          "Closes `loader` when this object goes (no Python __del__: a signal handled in a "
+                          "finalizer would be lost). Held by what owns a Loader that views may share.")
+      .def(py::init<py::object>(), py::arg("loader"));
 }
 
 }  // namespace spindle::python

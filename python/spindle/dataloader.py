@@ -249,15 +249,11 @@ class DataLoader:
         return runtime
 
     def close(self) -> None:
-        """Stops persistent workers now (they also stop when the loader is garbage-collected)."""
+        """Stops persistent workers now (they also stop when the loader is dropped: the runtime Loader closes
+        itself when its last reference goes)."""
         if self._workers is not None:
             self._workers.close()
             self._workers = None
-
-    def __del__(self) -> None:
-        workers = getattr(self, "_workers", None)
-        if workers is not None:
-            workers.close()
 
     def thread_budget(self) -> _core.ThreadBudget:
         """The budget this loader's workers are checked against, read now."""
@@ -313,6 +309,9 @@ class _WorkerIterator:
         self._reraise = reraise or _reraise  # a failed batch's report -> the exception to raise
         self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
         self._owns = owns
+        # Dropping an iterator that owns its runtime stops the workers, even while
+        # something else (spindle.torch's `_workers` views) still holds the runtime.
+        self._close_on_drop = _core.CloseOnDrop(runtime) if owns else None
         self._owner = owner
         self._epoch = epoch
         self._warned_copy = False
@@ -368,10 +367,6 @@ class _WorkerIterator:
         self._loader.close(grace=0.05)
         if self._owner is not None:
             self._owner.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_owns", False):
-            self._loader.close()
 
 
 def _reraise(failed: BatchFailedError) -> BaseException:

@@ -223,9 +223,12 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._restart = False
 
     def __del__(self) -> None:
-        runtime = self.__dict__.get("_runtime")
-        if runtime is not None:
-            runtime.close()
+        # grain's DatasetIterator.__del__ calls close(): a signal handled while
+        # the workers stopped (Ctrl-C) would run inside this finalizer, and its
+        # exception be printed and lost. The runtime Loader closes itself in C++
+        # when this iterator's attributes go, after __del__ returns, so the
+        # signal is raised in the code that dropped the iterator.
+        pass
 
 
 class _WorkerSlice:

@@ -103,6 +103,7 @@ class DataLoader(Generic[_T_co]):
             pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
+        self._close_on_drop: Optional[_core.CloseOnDrop] = None
         self._capacity = 0
         self._base_seed = 0
         self._stream_epochs = 0
@@ -218,8 +219,7 @@ class DataLoader(Generic[_T_co]):
                 self._persistent_epoch += 1
                 return _TorchIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
             except Exception:
-                self._runtime.close()
-                self._runtime = None
+                self.close()
         transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
         dataset = self._worker_dataset(dataset, self._spawns())
         # In order, batch k goes to worker k mod N, as torch sends it. Out of
@@ -232,7 +232,7 @@ class DataLoader(Generic[_T_co]):
             timeout=loader.timeout)
         if not self.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True)
-        self._runtime = runtime
+        self._keep(runtime)
         self._keyed = isinstance(dataset, _ByPosition) or isinstance(getattr(dataset, "dataset", None), _ByPosition)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
@@ -307,8 +307,7 @@ class DataLoader(Generic[_T_co]):
                 return _TorchIterator(self._runtime, self._decoder(), owns=False, owner=self,
                                       epoch=self._persistent_epoch, stream_len=stream_len, dataset=loader.dataset)
             except Exception:
-                self._runtime.close()
-                self._runtime = None
+                self.close()
         n = loader.batch_size if loader._auto_collation else 1
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
@@ -322,21 +321,21 @@ class DataLoader(Generic[_T_co]):
             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
         if not self.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset)
-        self._runtime = runtime
+        self._keep(runtime)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
                               stream_len=stream_len, dataset=loader.dataset)
+
+    def _keep(self, runtime: _core.Loader) -> None:
+        """Keeps persistent workers; dropping this loader stops them, though the iterators'
+        ``_workers`` views may still hold the runtime (to read how the workers ended)."""
+        self._runtime, self._close_on_drop = runtime, _core.CloseOnDrop(runtime)
 
     def close(self) -> None:
         """Stops persistent workers now."""
         if self._runtime is not None:
             self._runtime.close()
-            self._runtime = None
-
-    def __del__(self) -> None:
-        runtime = self.__dict__.get("_runtime")
-        if runtime is not None:
-            runtime.close()
+        self._runtime = self._close_on_drop = None
 
 
 def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: Any, batch_sampler: Any,

@@ -310,6 +310,49 @@ def test_ctrl_c_at_random_moments_leaves_a_clean_state():
         assert tagged_processes(tag) == []
 
 
+_DROPPED = {  # each makes `it`, the object dropped, and `pids`, its workers
+    "numpy": "it = iter(spindle.DataLoader(Images(2000), batch_size=16, num_workers=2)); next(it); "
+             "pids = it.worker_pids",
+    "numpy persistent": "it = spindle.DataLoader(Images(2000), batch_size=16, num_workers=2, persistent_workers=True)"
+                        "; epoch = iter(it); next(epoch); pids = epoch.worker_pids; del epoch",
+    "torch": "it = iter(spindle.torch.DataLoader(Images(2000), batch_size=16, num_workers=2)); next(it); "
+             "pids = it.worker_pids",
+    "torch persistent": "it = spindle.torch.DataLoader(Images(2000), batch_size=16, num_workers=2, "
+                        "persistent_workers=True); epoch = iter(it); next(epoch); pids = epoch.worker_pids; del epoch",
+    "grain": "import grain, spindle.grain; "
+             "it = iter(spindle.grain.mp_prefetch(grain.MapDataset.range(2000).to_iter_dataset(), "
+             "grain.multiprocessing.MultiprocessingOptions(num_workers=2))); next(it); pids = it.worker_pids",
+}
+
+
+@pytest.mark.parametrize("front", list(_DROPPED))
+def test_a_signal_while_a_loader_is_dropped_raises_where_it_was_dropped(front):
+    """Proves: dropping a running iterator (or a loader with persistent workers) stops its workers
+    without a Python finalizer, so a signal handled meanwhile (Ctrl-C; here SIGCHLD from the workers
+    that stop) raises in the code that dropped it. From a __del__ it was printed as "Exception ignored"
+    and lost: Ctrl-C at that moment did not stop the program."""
+    child = run_child(f"""
+        import os, signal
+        import spindle, spindle.torch
+        from datasets import Images
+        {_DROPPED[front]}
+        class Signalled(Exception): pass
+        def handler(signum, frame): raise Signalled
+        signal.signal(signal.SIGCHLD, handler)
+        try:
+            del it  # its workers exit now, and each exit sends SIGCHLD
+            for _ in range(1000): pass
+            print("NOT RAISED", flush=True)
+        except Signalled:
+            print("RAISED", flush=True)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        print("LEFT", *[p for p in pids if os.path.exists(f"/proc/{{p}}")], flush=True)
+    """)
+    out, err = child.communicate(timeout=60)
+    assert out.splitlines() == ["RAISED", "LEFT"], (out, err)
+    assert "Exception ignored" not in err, err
+
+
 @pytest.mark.parametrize("front", FRONTS)
 def test_a_loader_started_in_a_thread_that_exits_keeps_its_workers(front):
     """iter() in a short-lived thread, iteration in this one: every batch arrives (the workers do not
