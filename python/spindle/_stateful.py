@@ -193,7 +193,7 @@ class StatefulDataLoader(DataLoader):
         # base seed) and again in _reset(); its RandomSampler draws a permutation at each iter().
         return iter(self._torch._index_sampler)
 
-    def _resume_batches(self, batches: list[list[Any]], base_seed: int) -> tuple[list[list[Any]], int]:
+    def _resume_batches(self, batches: Any, base_seed: int) -> tuple[Any, int]:
         resume, self._resume = self._resume, None
         if self._root_seed is None:
             self._root_seed = base_seed
@@ -204,7 +204,7 @@ class StatefulDataLoader(DataLoader):
             base_seed = self._base_seed = int(resume["base_seed"])  # the replayed epoch's (later reuses too)
         self._epoch_start["base_seed"] = base_seed
         self._skip = int(resume["batches"])
-        return batches[self._skip:], base_seed
+        return batches.skip(self._skip), base_seed
 
     def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
         epoch = self._epochs_begun - 1

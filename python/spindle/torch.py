@@ -47,7 +47,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 import numpy as np
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
-from torch.utils.data import IterableDataset, IterDataPipe, MapDataPipe
+from torch.utils.data import BatchSampler, IterableDataset, IterDataPipe, MapDataPipe, SequentialSampler
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 from torch.utils.data._utils import worker as _torch_worker
 
@@ -152,7 +152,7 @@ class DataLoader(Generic[_T_co]):
         """Hook: the dataset as the workers see it (StatefulDataLoader reseeds per sample)."""
         return dataset
 
-    def _resume_batches(self, batches: list[list[Any]], base_seed: int) -> tuple[list[list[Any]], int]:
+    def _resume_batches(self, batches: "_Batches", base_seed: int) -> tuple["_Batches", int]:
         """Hook: the epoch's batches still to load and the workers' base seed (a resumed epoch skips some)."""
         return batches, base_seed
 
@@ -182,28 +182,22 @@ class DataLoader(Generic[_T_co]):
         else:
             base_seed = self._base_seed = _draw(loader.generator)
             sampler_iter = self._first_epoch_sampler(sampler_iter)
-        if loader._auto_collation:
-            batches = [list(b) for b in sampler_iter]
-        else:
-            batches = [[i] for i in sampler_iter]
-        batches, base_seed = self._resume_batches(batches, base_seed)
-        if not batches:
+        batches, base_seed = self._resume_batches(_Batches.read(loader, sampler_iter), base_seed)
+        if not len(batches):
             return iter(())
-        keys = [i for b in batches for i in b]
         dataset = loader.dataset
-        order = _integer_order(keys)
+        order, starts = batches.order, batches.starts
         if order is None:
             # A sampler yielding lists, slices, strings... (bulk loading with
             # batch_size=None): the runtime carries positions, the worker looks
             # each one up in this epoch's table. Workers keep the table they
             # were started with, so this epoch gets its own workers.
-            order = np.arange(len(keys), dtype=np.int64)
-            dataset = _ByPosition(loader.dataset, keys)
+            order = np.arange(len(batches.keys), dtype=np.int64)
+            dataset = _ByPosition(loader.dataset, batches.keys)
             if reuse:
                 self.close()
                 reuse = False
-        starts = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
-        capacity = max(len(b) for b in batches)
+        capacity = batches.capacity
         if reuse and (capacity > self._capacity or self._keyed):  # outgrown slots, or last epoch's table
             self.close()
             reuse = False
@@ -468,6 +462,56 @@ def _integer_order(keys: list[Any]) -> Optional[np.ndarray]:
         except OverflowError:
             return None
     return None
+
+
+class _Batches:
+    """An epoch's batches: the sampler's keys in one sequence, cut at `starts` (one more entry than
+    there are batches); `order` is the keys as int64 when every one is an integer, else None."""
+
+    def __init__(self, keys: Any, starts: np.ndarray, order: Optional[np.ndarray]) -> None:
+        self.keys = keys
+        self.starts = starts
+        self.order = order
+
+    @classmethod
+    def read(cls, loader: Any, sampler_iter: Any) -> "_Batches":
+        """The epoch's batches, drawn from `sampler_iter` (an iter() of the loader's index sampler)."""
+        index = loader._index_sampler
+        if loader._auto_collation and type(index) is BatchSampler:
+            # torch's own BatchSampler: its iterator draws nothing before its first batch, then cuts
+            # iter(index.sampler) into runs of batch_size. Reading the sampler's keys in one go draws
+            # the same, in a tenth of the time of building the batches one by one in Python (0.4 s
+            # for ImageNet's 1.28M keys, before the first batch).
+            # torch's SequentialSampler iterates range(len(data_source)).
+            if type(index.sampler) is SequentialSampler:
+                keys: Any = np.arange(len(index.sampler.data_source), dtype=np.int64)
+            else:
+                keys = list(index.sampler)
+            n = len(keys) - len(keys) % index.batch_size if index.drop_last else len(keys)
+            if n < len(keys):
+                keys = keys[:n]
+            starts = np.append(np.arange(0, n, index.batch_size, dtype=np.int64), np.int64(n))
+            return cls(keys, starts, keys if isinstance(keys, np.ndarray) else _integer_order(keys))
+        if loader._auto_collation:
+            batches = [list(b) for b in sampler_iter]
+        else:
+            batches = [[i] for i in sampler_iter]
+        keys = [i for b in batches for i in b]
+        return cls(keys, np.cumsum([0] + [len(b) for b in batches], dtype=np.int64), _integer_order(keys))
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def skip(self, k: int) -> "_Batches":
+        """The batches after the first `k`."""
+        first = int(self.starts[min(k, len(self))])
+        return _Batches(self.keys[first:], self.starts[min(k, len(self)):] - first,
+                        None if self.order is None else self.order[first:])
+
+    @property
+    def capacity(self) -> int:
+        """The most samples in one batch."""
+        return int(np.diff(self.starts).max())
 
 
 class _ByPosition:

@@ -92,8 +92,10 @@ def both(dataset, **kwargs):
     dict(batch_sampler=BatchSampler(SequentialSampler(range(97)), 13, False), num_workers=2),
     dict(batch_size=7, num_workers=2, in_order=False),
     dict(batch_size=None, num_workers=2),
+    dict(batch_size=8, drop_last=True, num_workers=2),
+    dict(batch_size=9, shuffle=True, num_workers=2),
 ], ids=["sequential", "shuffle", "drop_last", "subset-sampler", "weighted-sampler", "batch-sampler-list",
-        "batch-sampler", "out-of-order", "no-batching"])
+        "batch-sampler", "out-of-order", "no-batching", "sequential-drop_last", "shuffle-global-generator"])
 def test_same_batches_as_torch_for_the_same_arguments(kwargs):
     """Order, values, dtypes and structure equal torch's for samplers, generators and batching options."""
     expected, got = both(Mixed(), **kwargs)
@@ -371,6 +373,36 @@ def test_bulk_loading_with_a_sampler_of_lists_gives_torchs_batches(persistent):
         for a, b in zip(got, expected):
             same(a, b)
     loaders[1].close()
+
+
+class ByName(Dataset):
+    """A dataset keyed by strings, read through a sampler of names."""
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, name):
+        assert isinstance(name, str)
+        return torch.tensor([int(name[1:])]), name
+
+
+class NameSampler(torch.utils.data.Sampler):
+    def __iter__(self):
+        return iter([f"k{i}" for i in range(23)][::-1])
+
+    def __len__(self):
+        return 23
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_torchs_batch_sampler_over_keys_that_are_not_integers_gives_torchs_batches(drop_last):
+    """torch's own BatchSampler is read a sampler at a time (not a batch at a time in Python): its
+    keys may be any objects (here strings), and drop_last cuts the same tail."""
+    expected, got = ([b for b in cls(ByName(), batch_size=5, sampler=NameSampler(), drop_last=drop_last,
+                                     num_workers=2)] for cls in (TorchLoader, DataLoader))
+    assert len(got) == len(expected) == (4 if drop_last else 5)
+    for a, b in zip(got, expected):
+        same(a, b)
 
 
 class Slow(Dataset):
