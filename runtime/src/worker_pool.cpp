@@ -77,7 +77,15 @@ std::string WorkerExit::describe() const {
 WorkerPool::WorkerPool(int n, const std::function<int(int)>& child_main, const ForkHooks& hooks) {
   const pid_t parent = getpid();
   for (int w = 0; w < n; ++w) {
-    if (hooks.before_fork) hooks.before_fork();
+    if (hooks.before_fork) {
+      try {
+        hooks.before_fork();  // may refuse to fork (the interpreter has a signal to raise)
+      } catch (...) {
+        shutdown(std::chrono::milliseconds(0));
+        release_handles();
+        throw;
+      }
+    }
     pid_t pid = fork();
     if (pid == 0) {
       detail::die_with_process(parent);  // with the consumer process, not the forking thread

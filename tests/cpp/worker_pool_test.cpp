@@ -20,8 +20,10 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -171,6 +173,40 @@ TEST(ZygotePools, KillReachesOnlyUnreapedWorkersOfThatPool) {
   EXPECT_TRUE(zygote.alive());
   zygote.close_pool(quitting);
   zygote.close_pool(idle);
+}
+
+// Proves: a before_fork hook that throws (the Python bindings' does when a
+// signal is pending) stops the start: that worker is not forked, the ones
+// forked before it are stopped and reaped, and the exception reaches the caller.
+TEST(WorkerPoolStart, ABeforeForkHookThatThrowsStopsTheWorkersAlreadyStarted) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<pid_t> started;  // each worker's pid, read before the next fork
+  int calls = 0;
+  ForkHooks hooks;
+  hooks.before_fork = [&] {
+    if (calls++ > 0) {  // the last worker forked has said its pid: it is running
+      pid_t pid = 0;
+      ASSERT_EQ(read(fds[0], &pid, sizeof(pid)), static_cast<ssize_t>(sizeof(pid)));
+      started.push_back(pid);
+    }
+    if (started.size() == 2) throw std::runtime_error("a signal to raise");
+  };
+  const auto child = [&fds](int) {
+    const pid_t me = getpid();
+    (void)!write(fds[1], &me, sizeof(me));
+    pause();
+    return 0;
+  };
+  EXPECT_THROW(WorkerPool(4, child, hooks), std::runtime_error);
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_EQ(started.size(), 2u);
+  for (pid_t pid : started) {
+    int status = 0;
+    EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1) << "worker " << pid << " was not reaped";
+    EXPECT_EQ(errno, ECHILD);
+  }
 }
 
 }  // namespace

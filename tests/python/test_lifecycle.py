@@ -354,6 +354,40 @@ def test_a_signal_while_a_loader_is_dropped_raises_where_it_was_dropped(front):
 
 
 @pytest.mark.parametrize("front", FRONTS)
+def test_ctrl_c_during_the_interpreters_fork_callbacks_raises_and_leaves_no_worker(front):
+    """Proves: a SIGINT that arrives while the workers are forked (here sent by an at-fork callback
+    itself, as Ctrl-C can land in logging's) raises KeyboardInterrupt from iter() and leaves no
+    worker. Handled inside the callback, it was printed as "Exception ignored" and lost."""
+    tag = f"forkint-{front}-{os.getpid()}"
+    child = run_child(f"""
+        import os, signal
+        import spindle, spindle.torch
+        from datasets import Images
+        Loader = spindle.DataLoader if {front!r} == "numpy" else spindle.torch.DataLoader
+        loader = Loader(Images(64), batch_size=8, num_workers=3)
+        sent = []
+        def interrupt():
+            if not sent:
+                sent.append(1)
+                os.kill(os.getpid(), signal.SIGINT)
+        os.register_at_fork(after_in_parent=interrupt)
+        try:
+            for batch in loader:
+                pass
+            print("NOT RAISED", flush=True)
+        except KeyboardInterrupt:
+            print("RAISED", flush=True)
+    """, SPINDLE_TEST_TAG=tag)
+    out, err = child.communicate(timeout=60)
+    assert out.splitlines() == ["RAISED"], (out, err)
+    assert "Exception ignored" not in err, err
+    deadline = time.monotonic() + 2
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tagged_processes(tag) == []
+
+
+@pytest.mark.parametrize("front", FRONTS)
 def test_a_loader_started_in_a_thread_that_exits_keeps_its_workers(front):
     """iter() in a short-lived thread, iteration in this one: every batch arrives (the workers do not
     die with the thread that forked them)."""

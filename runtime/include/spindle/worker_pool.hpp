@@ -36,6 +36,8 @@ namespace spindle {
 class Zygote;
 
 struct ForkHooks {
+  // May throw: that worker is not forked, the ones before it are stopped and
+  // reaped, and the exception leaves the WorkerPool constructor.
   std::function<void()> before_fork;
   std::function<void()> after_fork_parent;
   std::function<void()> after_fork_child;
