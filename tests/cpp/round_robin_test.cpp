@@ -270,10 +270,17 @@ TEST(RoundRobin, AssignInTurnSendsBatchKToWorkerKModN) {
 TEST(RoundRobinConcurrency, WorkerExitsAreReadableFromAnotherThreadWhileTheLoaderRunsAndCloses) {
   spindle::Loader loader(restart_options(2, 2), spindle::BatchPlan{}, restartable_worker);
   std::atomic<bool> stop{false};
+  std::atomic<bool> reading{false};
   std::size_t reads = 0;
   std::thread reader([&] {
-    while (!stop.load()) reads += loader.worker_exits().size() + loader.worker_pids().size();
+    do {
+      reads += loader.worker_exits().size() + loader.worker_pids().size();
+      reading = true;
+    } while (!stop.load());
   });
+  // The reader is running before the loader delivers (on a loaded machine it
+  // could otherwise first be scheduled after close()).
+  while (!reading.load()) std::this_thread::yield();
   for (int epoch = 0; epoch < 3; ++epoch) {
     EXPECT_EQ(drain(loader).values.size(), 6u);
     loader.reset_streams();
