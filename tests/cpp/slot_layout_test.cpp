@@ -6,6 +6,7 @@
 #include <spindle/slot_layout.hpp>
 
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -110,17 +111,41 @@ TEST(SlotLayout, TypedBatchesOfGrowingSizeArriveIntactThroughALoader) {
     EXPECT_EQ(b.field<float>(0).back(), static_cast<float>(b.indices().back())) << "kept batch " << b.batch_id();
 }
 
+// The samples of the put_rows / put_row tests: a float row of kWidth values
+// (index + an offset) and an int64 (-index), batches of up to 4.
+constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+
+SlotLayout sample_layout() { return SlotLayout({{"<f4", {kWidth}}, {"<i8", {}}}, 4); }
+
+LoaderOptions one_worker_of_4() {
+  LoaderOptions o;
+  o.num_workers = 1;
+  o.batch_capacity = 4;
+  return o;
+}
+
+// Checks a batch of those samples.
+void expect_sample_rows(const Batch& b, std::string_view structure, float offset) {
+  ASSERT_EQ(b.kind(), PayloadKind::kArrays);
+  EXPECT_EQ(b.structure(), structure);
+  auto values = b.field<float>(0);
+  auto ids = b.field<int64_t>(1);
+  const auto w = static_cast<std::size_t>(kWidth);
+  for (std::size_t i = 0; i < b.count(); ++i) {
+    EXPECT_EQ(values[i * w], static_cast<float>(b.indices()[i]) + offset);
+    EXPECT_EQ(values[(i + 1) * w - 1], static_cast<float>(b.indices()[i]) + offset);
+    EXPECT_EQ(ids[i], -b.indices()[i]);
+  }
+}
+
 // Proves: put_rows copies row r of field f from rows[r * fields + f] into the
 // layout's blocks (large rows by streaming stores, small ones by memcpy), the
 // count taken from the rows given (a short batch), and refuses a row count that
 // is not whole samples or more samples than the item holds.
 TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
-  LoaderOptions o;
-  o.num_workers = 1;
-  o.batch_capacity = 4;
-  static constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+  const LoaderOptions o = one_worker_of_4();
   auto body = [](WorkerContext& ctx) {
-    SlotLayout layout({{"<f4", {kWidth}}, {"<i8", {}}}, 4);
+    const SlotLayout layout = sample_layout();
     while (auto item = ctx.claim()) {
       const std::size_t n = item->indices.size() - (item->batch_id == 1 ? 1 : 0);  // batch 1: one row short
       std::vector<std::vector<float>> values;
@@ -147,18 +172,9 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
   Loader loader(o, batches, body);
   std::size_t seen = 0;
   while (auto b = loader.next()) {
-    ASSERT_EQ(b->kind(), PayloadKind::kArrays);
-    EXPECT_EQ(b->structure(), "rows");
-    const std::size_t n = b->count();
-    EXPECT_EQ(n, b->batch_id() == 1 ? 3u : 4u);
-    auto values = b->field<float>(0);
-    auto ids = b->field<int64_t>(1);
-    for (std::size_t i = 0; i < n; ++i) {
-      EXPECT_EQ(values[i * kWidth], static_cast<float>(b->indices()[i]) + 0.5f);
-      EXPECT_EQ(values[(i + 1) * kWidth - 1], static_cast<float>(b->indices()[i]) + 0.5f);
-      EXPECT_EQ(ids[i], -b->indices()[i]);
-    }
-    seen += n;
+    EXPECT_EQ(b->count(), b->batch_id() == 1 ? 3u : 4u);
+    expect_sample_rows(*b, "rows", 0.5f);
+    seen += b->count();
   }
   EXPECT_EQ(seen, 7u);
 }
@@ -169,12 +185,9 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
 // sample as it reads it does); it refuses a wrong field count or a row past
 // the layout's capacity.
 TEST(SlotLayout, PutRowCopiesOneSampleIntoItsRowOfEveryField) {
-  LoaderOptions o;
-  o.num_workers = 1;
-  o.batch_capacity = 4;
-  static constexpr int64_t kWidth = 3000;  // 12 KB rows: the streaming-store path
+  const LoaderOptions o = one_worker_of_4();
   auto body = [](WorkerContext& ctx) {
-    SlotLayout layout({{"<f4", {kWidth}}, {"<i8", {}}}, 4);
+    const SlotLayout layout = sample_layout();
     std::vector<float> value(kWidth);  // one buffer, refilled for every sample
     int64_t id = 0;
     while (auto item = ctx.claim()) {
@@ -196,15 +209,7 @@ TEST(SlotLayout, PutRowCopiesOneSampleIntoItsRowOfEveryField) {
   Loader loader(o, batches, body);
   std::size_t seen = 0;
   while (auto b = loader.next()) {
-    ASSERT_EQ(b->kind(), PayloadKind::kArrays);
-    EXPECT_EQ(b->structure(), "row");
-    auto values = b->field<float>(0);
-    auto ids = b->field<int64_t>(1);
-    for (std::size_t i = 0; i < b->count(); ++i) {
-      EXPECT_EQ(values[i * kWidth], static_cast<float>(b->indices()[i]) + 0.25f);
-      EXPECT_EQ(values[(i + 1) * kWidth - 1], static_cast<float>(b->indices()[i]) + 0.25f);
-      EXPECT_EQ(ids[i], -b->indices()[i]);
-    }
+    expect_sample_rows(*b, "row", 0.25f);
     seen += b->count();
   }
   EXPECT_EQ(seen, 7u);
