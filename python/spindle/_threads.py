@@ -71,6 +71,10 @@ _NAME_RUNTIMES: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 
+RUNNING = "it was running when looked at"  # no stack pointer to read its stack from
+_LOOKS, _LOOK_AGAIN_S = 40, 0.005  # a thread found running is looked at for up to 0.2 s
+
+
 @dataclasses.dataclass(frozen=True)
 class ThreadInfo:
     """One thread of a process and the runtime it was attributed to."""
@@ -141,7 +145,6 @@ class _StackReader:
     """Reads thread stacks of one process; one open of /proc/<pid>/mem."""
 
     _MAX_STACK = 512 * 1024  # the outermost frames are at the top; more is never needed
-    _LOOKS, _LOOK_AGAIN_S = 40, 0.005  # a running thread is looked at for up to 0.2 s
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -182,20 +185,12 @@ class _StackReader:
         """(the outermost non-system library on the thread's stack, or None; why not)."""
         if self._mem is None:
             return None, self.error or "stack unreadable"
-        fields: list[str] = []
-        for attempt in range(self._LOOKS):
-            syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
-            if syscall is None:
-                return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
-            fields = syscall.split()
-            if len(fields) >= 3:
-                break
-            # "running" (on a CPU now: no saved stack pointer). A pool thread
-            # spins a while after its work before it sleeps (OpenBLAS, libgomp):
-            # look again once it has been preempted or gone to sleep.
-            time.sleep(self._LOOK_AGAIN_S)
-        else:
-            return None, "it was running each time it was looked at"
+        syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
+        if syscall is None:
+            return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
+        fields = syscall.split()
+        if len(fields) < 3:  # "running": on a CPU now, no saved stack pointer
+            return None, RUNNING
         sp = int(fields[-2], 16)
         top = next((m.hi for m in self._all if m.lo <= sp < m.hi), None)
         if top is None:
@@ -221,32 +216,57 @@ def process_threads(pid: int) -> list[ThreadInfo]:
     except OSError:
         return []
     reader: _StackReader | None = None
-    out = []
+    found: dict[int, ThreadInfo] = {}
+    running: dict[int, str] = {}  # tid -> name of the threads on a CPU when looked at
     main_name = (_read(f"/proc/{pid}/comm") or "").strip()
+
+    def attribute(tid: int, name: str) -> None:
+        assert reader is not None
+        lib, why = reader.outermost_library(tid)
+        runtime = _library_runtime(lib) if lib else None
+        if runtime is not None:
+            found[tid] = ThreadInfo(tid, name, runtime, "stack")
+        elif why == RUNNING:
+            running[tid] = name
+        else:
+            unattributed(tid, name, why or f"started by {lib}")
+
+    def unattributed(tid: int, name: str, why: str) -> None:
+        if name != main_name:
+            # Named by code we do not know: its name is the best account of it.
+            found[tid] = ThreadInfo(tid, name, "other", "name")
+        else:
+            found[tid] = ThreadInfo(tid, name, "unattributed", why)
+
     try:
         for tid in tids:
             name = (_read(f"/proc/{pid}/task/{tid}/comm") or "").strip()
             if tid == pid:
-                out.append(ThreadInfo(tid, name, "main thread", "main"))
+                found[tid] = ThreadInfo(tid, name, "main thread", "main")
                 continue
             runtime = _name_runtime(name)
             if runtime is not None:
-                out.append(ThreadInfo(tid, name, runtime, "name"))
+                found[tid] = ThreadInfo(tid, name, runtime, "name")
                 continue
             if reader is None:
                 reader = _StackReader(pid)
-            lib, why = reader.outermost_library(tid)
-            runtime = _library_runtime(lib) if lib else None
-            if runtime is not None:
-                out.append(ThreadInfo(tid, name, runtime, "stack"))
-            elif name != main_name:
-                # Named by code we do not know: its name is the best account of it.
-                out.append(ThreadInfo(tid, name, "other", "name"))
-            else:
-                out.append(ThreadInfo(tid, name, "unattributed", why or f"started by {lib}"))
+            attribute(tid, name)
+        # A pool thread spins a while after its work before it sleeps (OpenBLAS,
+        # libgomp): the ones found running are looked at again, together, until
+        # they have been preempted or gone to sleep (up to _LOOKS x _LOOK_AGAIN_S).
+        for _ in range(_LOOKS - 1):
+            if not running:
+                break
+            time.sleep(_LOOK_AGAIN_S)
+            for tid, name in list(running.items()):
+                del running[tid]
+                attribute(tid, name)
+        for tid, name in running.items():
+            unattributed(tid, name, "it was running each time it was looked at")
     finally:
         if reader is not None:
             reader.close()
+    out = [found[tid] for tid in tids if tid in found]
     if any(t.runtime == "XLA" for t in out):
         # tf_XLA* pools belong to whichever of JAX and TensorFlow loaded XLA.
         owners = runtimes_of_libraries(mapped_libraries(pid) or [])
