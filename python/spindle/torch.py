@@ -480,8 +480,8 @@ class _Batches:
         if loader._auto_collation and type(index) is BatchSampler:
             # torch's own BatchSampler: its iterator draws nothing before its first batch, then cuts
             # iter(index.sampler) into runs of batch_size. Reading the sampler's keys in one go draws
-            # the same, in a tenth of the time of building the batches one by one in Python (0.4 s
-            # for ImageNet's 1.28M keys, before the first batch).
+            # the same; building the batches one by one in Python made the first batch wait 0.28 s
+            # in order, 0.54 s shuffled, for ImageNet's 1.28M keys (now 0.03 s / 0.25 s).
             # torch's SequentialSampler iterates range(len(data_source)).
             if type(index.sampler) is SequentialSampler:
                 keys: Any = np.arange(len(index.sampler.data_source), dtype=np.int64)
