@@ -23,7 +23,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include <spindle/index_queue.hpp>
+#include <spindle/detail/index_queue.hpp>
 #include <spindle/loader.hpp>
 
 namespace {

@@ -3,8 +3,8 @@
 
 #include <thread>
 
-#include <spindle/arena.hpp>
-#include <spindle/budget_ledger.hpp>
+#include <spindle/detail/arena.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 #include <spindle/thread_budget.hpp>
 
 #include "register.hpp"

@@ -13,7 +13,7 @@
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
-#include <spindle/ring_copy.hpp>
+#include <spindle/detail/ring_copy.hpp>
 
 #include "register.hpp"
 #include "sample_rows.hpp"

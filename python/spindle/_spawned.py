@@ -3,7 +3,7 @@
 Used instead of fork when the consumer must not be forked (torch's
 ``multiprocessing_context='spawn'`` or ``'forkserver'``, e.g. after CUDA was
 initialized). The loader's segment is on descriptor 3 (see SpawnSpec in
-runtime/include/spindle/worker_pool.hpp) and a pickled ``(body, kwargs)`` on
+runtime/include/spindle/detail/worker_pool.hpp) and a pickled ``(body, kwargs)`` on
 descriptor 4; the worker attaches to the segment and runs
 ``body(context, **kwargs)`` exactly as a forked worker would.
 """

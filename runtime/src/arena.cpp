@@ -1,4 +1,4 @@
-#include <spindle/arena.hpp>
+#include <spindle/detail/arena.hpp>
 
 #include <unistd.h>
 

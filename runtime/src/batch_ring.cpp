@@ -1,4 +1,4 @@
-#include <spindle/batch_ring.hpp>
+#include <spindle/detail/batch_ring.hpp>
 
 #include <new>
 #include <stdexcept>

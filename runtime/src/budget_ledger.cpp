@@ -1,4 +1,4 @@
-#include <spindle/budget_ledger.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 
 #include <fcntl.h>
 #include <pthread.h>

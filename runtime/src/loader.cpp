@@ -8,9 +8,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include <spindle/arena.hpp>
+#include <spindle/detail/arena.hpp>
 #include <spindle/error.hpp>
-#include <spindle/shm_segment.hpp>
+#include <spindle/detail/shm_segment.hpp>
 
 namespace spindle {
 

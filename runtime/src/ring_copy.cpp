@@ -1,4 +1,4 @@
-#include <spindle/ring_copy.hpp>
+#include <spindle/detail/ring_copy.hpp>
 
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include <spindle/shm_segment.hpp>
+#include <spindle/detail/shm_segment.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -14,8 +14,8 @@
 #include <string>
 
 #include <spindle/error.hpp>
-#include <spindle/ring_copy.hpp>
-#include <spindle/shm_segment.hpp>
+#include <spindle/detail/ring_copy.hpp>
+#include <spindle/detail/shm_segment.hpp>
 
 namespace spindle {
 namespace {

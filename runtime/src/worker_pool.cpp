@@ -1,4 +1,4 @@
-#include <spindle/worker_pool.hpp>
+#include <spindle/detail/worker_pool.hpp>
 
 #include <spindle/detail/parent_death.hpp>
 

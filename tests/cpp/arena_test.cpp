@@ -3,8 +3,8 @@
 // were granted within one cpus - 1, close() gives the shares back, threads-mode
 // workers are their loader's share, a running call survives a resize, and
 // reading the size does not race with leasing.
-#include <spindle/arena.hpp>
-#include <spindle/budget_ledger.hpp>
+#include <spindle/detail/arena.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 #include <spindle/loader.hpp>
 #include <spindle/thread_budget.hpp>
 

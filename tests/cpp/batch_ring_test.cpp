@@ -1,7 +1,7 @@
 // BatchRing: the shared segment's layout (alignment, no overlap, header
 // offsets), the slot state machine as WorkerContext drives it, and slots
 // filled by concurrent worker threads while the consumer releases them.
-#include <spindle/batch_ring.hpp>
+#include <spindle/detail/batch_ring.hpp>
 #include <spindle/loader.hpp>
 
 #include <unistd.h>

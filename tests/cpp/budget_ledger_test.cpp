@@ -2,7 +2,7 @@
 // uid), reclaiming dead processes' leases, rebuilding a corrupt table,
 // ignoring a table that is not ours, the short-budget policies, and racing
 // starts that must not oversubscribe.
-#include <spindle/budget_ledger.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 #include <spindle/error.hpp>
 
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 // Items are plain uint32 slot numbers, so instead of lifetime-tracking
 // elements, exactly-once delivery is proven by counting every claim of every
 // item: each count must end at 1.
-#include <spindle/index_queue.hpp>
+#include <spindle/detail/index_queue.hpp>
 
 #include <linux/hw_breakpoint.h>
 #include <linux/perf_event.h>

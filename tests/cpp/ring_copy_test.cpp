@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include <spindle/ring_copy.hpp>
+#include <spindle/detail/ring_copy.hpp>
 
 namespace {
 

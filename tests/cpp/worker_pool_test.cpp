@@ -4,10 +4,10 @@
 // Pid reuse is made deterministic inside a private pid namespace
 // (testing::run_in_pid_namespace), where the test is the only process that
 // allocates pids, so a reaped worker's pid can be given to a sleeper on purpose.
-#include <spindle/batch_ring.hpp>
-#include <spindle/shm_segment.hpp>
+#include <spindle/detail/batch_ring.hpp>
+#include <spindle/detail/shm_segment.hpp>
 #include <spindle/worker_context.hpp>
-#include <spindle/worker_pool.hpp>
+#include <spindle/detail/worker_pool.hpp>
 #include <spindle/zygote.hpp>
 
 #include <fcntl.h>

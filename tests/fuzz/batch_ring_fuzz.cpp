@@ -23,7 +23,7 @@
 //
 // Input bytes (see README.md): 5 geometry bytes, then one byte per operation
 // (low 3 bits: operation, high 5 bits: its argument).
-#include <spindle/batch_ring.hpp>
+#include <spindle/detail/batch_ring.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -15,7 +15,7 @@
 //
 // Input bytes (see README.md): capacity, first item, claimers, then one byte
 // per operation (low 3 bits: operation, high 5 bits: its argument).
-#include <spindle/index_queue.hpp>
+#include <spindle/detail/index_queue.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -23,14 +23,14 @@
 #include <string_view>
 #include <vector>
 
-#include <spindle/arena.hpp>
+#include <spindle/detail/arena.hpp>
 #include <spindle/batch_plan.hpp>
-#include <spindle/budget_ledger.hpp>
-#include <spindle/batch_ring.hpp>
+#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/detail/batch_ring.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
 #include <spindle/worker_context.hpp>
-#include <spindle/worker_pool.hpp>
+#include <spindle/detail/worker_pool.hpp>
 #include <spindle/zygote.hpp>
 
 namespace spindle {

@@ -11,7 +11,7 @@
 #include <span>
 #include <string_view>
 
-#include <spindle/batch_ring.hpp>
+#include <spindle/detail/batch_ring.hpp>
 
 namespace spindle {
 

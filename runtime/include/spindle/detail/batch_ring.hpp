@@ -50,7 +50,7 @@
 #include <cstdint>
 #include <span>
 
-#include <spindle/index_queue.hpp>
+#include <spindle/detail/index_queue.hpp>
 #include <spindle/slot_layout.hpp>
 
 namespace spindle {
