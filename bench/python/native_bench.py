@@ -26,7 +26,7 @@ alternating rounds; medians are reported:
   header's size and decodes through FFmpeg with the filter
   crop + scale=224:224:flags=bilinear (swscale's bilinear widens its filter
   when shrinking: antialiased) + hflip, then batches of 64 stacked with numpy.
-* ``spindle processes`` / ``spindle threads``: spindle.Loader over
+* ``spindle processes`` / ``spindle threads``: spindle.PipelineLoader over
   spindle.pipeline.image_folder(...).decode().random_resized_crop(224).random_flip().
 
 A peer that does not import is skipped with the reason (never estimated).
@@ -239,12 +239,12 @@ PEERS = {
     "torchvision.io+v2": ("torchvision", torchvision_io),
     "tf.data": ("tensorflow", tf_data),
     "SPDL": ("spdl.io", spdl_pipeline),
-    "spindle processes": ("spindle", lambda root, w: __import__("spindle").Loader(
+    "spindle processes": ("spindle", lambda root, w: __import__("spindle").PipelineLoader(
         spindle_pipeline(root), num_workers=w, shuffle=True, seed=0, mode="processes")),
-    "spindle threads": ("spindle", lambda root, w: __import__("spindle").Loader(
+    "spindle threads": ("spindle", lambda root, w: __import__("spindle").PipelineLoader(
         spindle_pipeline(root), num_workers=w, shuffle=True, seed=0, mode="threads")),
     # the limit's one thread: the native pipeline on one arena thread
-    "one thread": ("spindle", lambda root, w: __import__("spindle").Loader(
+    "one thread": ("spindle", lambda root, w: __import__("spindle").PipelineLoader(
         spindle_pipeline(root), num_workers=1, shuffle=True, seed=1, mode="threads")),
 }
 

@@ -6,7 +6,7 @@ With a seed, spindle.DataLoader and spindle.torch.StatefulDataLoader reseed
 that loads it and a resumed loader draws what the uninterrupted one drew.
 This measures that cost in one process, where the workers pay it: ``dataset[i]``
 of an 8x8x3 uint8 array (tests/python/datasets.Images), plain vs wrapped in
-spindle._state.Reseeded (random + numpy; random + numpy + torch), 5 alternating
+spindle._state.checkpoint.Reseeded (random + numpy; random + numpy + torch), 5 alternating
 rounds of 20,000 samples, medians. The ratio to a real sample's cost is what
 matters: a JPEG decode + crop is ~1-5 ms.
 
@@ -29,7 +29,7 @@ import torch  # noqa: E402,F401  (imported before timing: Reseeded(torch_cpu=Tru
 from datasets import Images  # noqa: E402
 from machine import RESULTS_DIR, load_average, machine_info  # noqa: E402
 
-from spindle._state import Reseeded  # noqa: E402
+from spindle._state.checkpoint import Reseeded  # noqa: E402
 
 SAMPLES, ROUNDS = 20_000, 5
 

@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
-    "Loader",
+    "PipelineLoader",
     "pipeline",
     "ThreadBudget",
     "ThreadPlan",
@@ -66,8 +66,8 @@ def __getattr__(name: str) -> Any:
 
     if name == "DataLoader":
         return importlib.import_module(".dataloader", __name__).DataLoader
-    if name == "Loader":
-        return importlib.import_module(".pipeline", __name__).Loader
+    if name == "PipelineLoader":
+        return importlib.import_module(".pipeline", __name__).PipelineLoader
     if name in ("ops", "pipeline"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spindle' has no attribute {name!r}")

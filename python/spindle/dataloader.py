@@ -9,22 +9,20 @@ of its batch is alive, so kept batches are never overwritten.
 from __future__ import annotations
 
 import numbers
-import pickle
-import warnings
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from . import _core
-from ._budget import resolve_policy, warn_if_shrunk
-from ._caps import ThreadWatchdog
-from ._forking import forking
-from ._layout import BatchReader, collate_local
-from ._sharding import resolve_shard, shard_order
-from ._state import BatchSeeds, EpochCell, Position, Progress, check_state, new_state, torch_imported
-from ._worker import ArrayBatches, batch_decoder, run_worker, seed_worker
-from .errors import BatchFailedError, SpindleError, WorkerError
+from ._budget.policy import resolve_policy, warn_if_shrunk
+from ._runtime.epoch import EpochIterator
+from ._runtime.forking import forking
+from ._runtime.layout import BatchReader, SlotWriter, collate_local
+from ._runtime.persistent import reset_or_restart
+from ._runtime.worker import batch_decoder, run_worker, seed_worker
+from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, check_state, new_state, torch_imported
+from ._state.sharding import resolve_shard, shard_order
 
 __all__ = ["DataLoader"]
 
@@ -132,7 +130,7 @@ class DataLoader:
         if persistent_workers and self.num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         self.persistent_workers = bool(persistent_workers)
-        self._workers: Optional[_core.Loader] = None
+        self._runtime: Optional[_core.Loader] = None
         self._persistent_epoch = 0
         self._epoch = 0
         self.shard = resolve_shard(shard)
@@ -185,17 +183,12 @@ class DataLoader:
         decode = batch_decoder(BatchReader())
         self._epoch_cell.set(epoch)
         if not self.persistent_workers:
-            return _WorkerIterator(self._start_workers(order, worker_seed), decode, owns=True)
-        if self._workers is not None:
-            try:
-                self._workers.reset(order=order, drop_last=self.drop_last)
-            except SpindleError:  # a worker died last epoch (already reported): start afresh
-                self._workers.close()
-                self._workers = None
-        if self._workers is None:
-            self._workers = self._start_workers(order, worker_seed)
+            return EpochIterator(self._start_workers(order, worker_seed), decode, owns=True)
+        self._runtime, _ = reset_or_restart(
+            self._runtime, lambda kept: kept.reset(order=order, drop_last=self.drop_last),
+            lambda: self._start_workers(order, worker_seed), close=self.close)
         self._persistent_epoch += 1
-        return _WorkerIterator(self._workers, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+        return EpochIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned).
@@ -251,13 +244,30 @@ class DataLoader:
     def close(self) -> None:
         """Stops persistent workers now (they also stop when the loader is dropped: the runtime Loader closes
         itself when its last reference goes)."""
-        if self._workers is not None:
-            self._workers.close()
-            self._workers = None
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
 
     def thread_budget(self) -> _core.ThreadBudget:
         """The budget this loader's workers are checked against, read now."""
         return _core.ThreadBudget(max_threads=self.max_threads)
+
+
+class ArrayBatches:
+    """spindle.DataLoader's transport: batches of fixed-structure samples, written
+    field by field into the slot (zero-copy for the consumer). A batch whose samples
+    differ in structure, shape or dtype fails with SampleStructureError naming the sample."""
+
+    def __init__(self, capacity: int) -> None:
+        self._writer = SlotWriter(capacity)
+
+    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
+        """The item's samples, written as read where they can be (SlotWriter.read): None if
+        the batch is in the slot, else (samples, indices) for write."""
+        return self._writer.read(ctx, item, dataset)
+
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
+        self._writer.write(ctx, item, samples, indices)
 
 
 def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,
@@ -291,102 +301,3 @@ class _InProcessIterator:
         if self._seed_batch is not None:
             self._seed_batch(indices)
         return collate_local([self._dataset[index] for index in indices], indices, self._reader)
-
-
-class _WorkerIterator:
-    """One epoch over a runtime Loader (its ring and its workers).
-
-    With persistent workers the DataLoader owns the runtime Loader and hands
-    it to each epoch's iterator; otherwise the iterator owns it and closes it
-    at the end of the epoch.
-    """
-
-    def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Lease], Any], *, owns: bool,
-                 owner: Optional[Any] = None, epoch: int = 0,
-                 reraise: Optional[Callable[[BatchFailedError], BaseException]] = None) -> None:
-        self._loader = runtime
-        self._decode = decode
-        self._reraise = reraise or _reraise  # a failed batch's report -> the exception to raise
-        self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
-        self._owns = owns
-        # Dropping an iterator that owns its runtime stops the workers, even while
-        # something else (spindle.torch's `_workers` views) still holds the runtime.
-        self._close_on_drop = _core.CloseOnDrop(runtime) if owns else None
-        self._owner = owner
-        self._epoch = epoch
-        self._warned_copy = False
-
-    def __iter__(self) -> "_WorkerIterator":
-        return self
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Pids of this iterator's worker processes."""
-        return list(self._loader.worker_pids)
-
-    @property
-    def plan(self) -> _core.ThreadPlan:
-        """The thread plan: workers and arena threads granted by the budget."""
-        return self._loader.plan
-
-    def __next__(self) -> Any:
-        if self._owner is not None and self._owner._persistent_epoch != self._epoch:
-            raise RuntimeError("spindle: this iterator belongs to an earlier epoch; with persistent_workers=True "
-                               "starting a new epoch (iter(loader)) ends the previous iterator")
-        try:
-            lease = self._loader.next()
-        except BatchFailedError as failed:
-            raise self._reraise(failed) from None
-        except KeyboardInterrupt:
-            # Ctrl-C while waiting: stop the workers before the interrupt
-            # unwinds (a training script that catches it must not keep them).
-            self._stop()
-            raise
-        self._watchdog.poll()
-        if lease is None:
-            if self._owns:
-                self.close()
-            raise StopIteration
-        if lease.copied_out and not self._warned_copy:
-            self._warned_copy = True
-            warnings.warn(
-                f"spindle: every one of the {self._loader.num_slots} shared-memory slots is held by a "
-                "batch you kept, so this batch (and later ones while that lasts) was copied out of "
-                "shared memory to keep loading. Drop references to old batches (or copy what you "
-                "keep) to stay zero-copy.", RuntimeWarning, stacklevel=2)
-        return self._decode(lease)
-
-    def close(self) -> None:
-        """Stops the workers (if this iterator owns them). Batches already delivered stay valid.
-        Safe from any thread: a ``next()`` waiting elsewhere ends with StopIteration."""
-        if self._owns:
-            self._loader.close()
-
-    def _stop(self) -> None:
-        """Stops the workers now, whoever owns them (persistent ones restart next epoch)."""
-        self._loader.close(grace=0.05)
-        if self._owner is not None:
-            self._owner.close()
-
-
-def _reraise(failed: BatchFailedError) -> BaseException:
-    """Re-creates the worker's exception, with its traceback and sample index as a note."""
-    try:
-        report = pickle.loads(failed.payload)
-    except Exception:
-        return WorkerError(str(failed))
-    where = (f"in spindle worker {report['worker_id']} (pid {report['pid']}) while loading sample index "
-             f"{report['sample_index']} (batch {failed.batch_id})")
-    note = f"Raised {where}. Traceback in the worker:\n{report['traceback']}"
-    exc: Optional[BaseException] = None
-    if report["exception"] is not None:
-        try:
-            exc = pickle.loads(report["exception"])
-        except Exception:
-            exc = None
-    if exc is None:
-        exc = WorkerError(f"{report['type']}: {report['text']} ({where})")
-    exc.add_note(note)
-    exc.sample_index = report["sample_index"]  # type: ignore[attr-defined]
-    exc.worker_id = report["worker_id"]  # type: ignore[attr-defined]
-    return exc

@@ -3,7 +3,7 @@
 ``collect()`` gathers, from /proc and the cgroup tree, the limits that make
 ``fork``/``pthread_create`` fail with EAGAIN (``ulimit -u``, pids.max of every
 cgroup level, kernel.threads-max, kernel.pid_max), the tasks of the uid, and
-per process its threads grouped by runtime (``spindle._threads``) with advice
+per process its threads grouped by runtime (``spindle._budget.threads``) with advice
 on the option or variable that removes each pool. ``format_text()`` renders it
 for a terminal; ``spindle doctor --json`` prints ``collect()`` as is.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _core
 from ._core import ThreadBudget
-from ._threads import _read, mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
+from ._budget.threads import _read, mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
 
 # What removes or shrinks each pool. One sentence each, the variable first.
 ADVICE: dict[str, str] = {
@@ -153,12 +153,12 @@ def describe_process(pid: int) -> dict[str, Any] | None:
 
 def _is_spindle_worker(loaded: list[str], cmdline: str, parent: int) -> bool:
     """A worker maps spindle's extension, as its consumer (the parent) does, and is either a fork of
-    it (no exec: the same command line) or a spawned worker (`python -m spindle._spawned`). A program
+    it (no exec: the same command line) or a spawned worker (`python -m spindle._runtime.spawned`). A program
     that a spindle consumer merely started (fork + exec, e.g. a test's subprocess) is not one."""
     if "spindle" not in loaded or "spindle" not in runtimes_of_libraries(mapped_libraries(parent) or []):
         return False
     parent_cmdline = (_read(f"/proc/{parent}/cmdline") or "").replace("\0", " ").strip()
-    return cmdline == parent_cmdline or "spindle._spawned" in cmdline
+    return cmdline == parent_cmdline or "spindle._runtime.spawned" in cmdline
 
 
 def collect(pid: int | None = None) -> dict[str, Any]:

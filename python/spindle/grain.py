@@ -36,11 +36,12 @@ from grain._src.python.dataset import dataset as _grain_dataset
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
-from ._budget import fixed_worker_policy
-from ._forking import call_in_fork, forking
-from ._layout import BatchReader
-from ._worker import ArrayElements, batch_decoder, first_row, run_stream_worker
-from .dataloader import _WorkerIterator
+from ._budget.policy import fixed_worker_policy
+from ._runtime.epoch import EpochIterator
+from ._runtime.forking import call_in_fork, forking
+from ._runtime.layout import BatchReader, SlotWriter
+from ._runtime.persistent import reset_or_restart
+from ._runtime.worker import batch_decoder, read_stream_kept, run_stream_worker
 from .errors import WorkerDiedError
 
 __all__ = ["DataLoader", "mp_prefetch"]
@@ -104,7 +105,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         # set_next_index() and repeat() epochs restart their slices in place
         # (Loader.reset_streams) instead of forking new ones, as grain keeps its.
         self._runtime: Optional[_core.Loader] = None
-        self._it: Optional[_WorkerIterator] = None
+        self._it: Optional[EpochIterator] = None
         self._restart = False  # the workers must start again from self._states before the next element
         # As grain's prefetch iterator: the options set upstream reach the
         # iterators after this one (they share this context), and options set
@@ -130,18 +131,25 @@ class _PrefetchIterator(grain.DatasetIterator):
     def start_prefetch(self) -> None:
         """Starts the workers now (or restarts their slices after set_state), so that elements are
         ready before the next ``next()``."""
-        if self._restart and self._runtime is not None and self._runtime.closed:
-            self.close()  # a failure closed the loader (a worker died): new workers start from the state
-        if self._it is None:
-            self._it = self._start()
-        elif self._restart:
-            # Each worker gets the state to continue from; batch 0 of the new
-            # cycle is asked of the worker that is next in it.
-            messages = [pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL) for state in self._states]
-            self._runtime.reset_streams(first_worker=self._next_in_cycle, messages=messages)
+        if self._it is None or self._restart:
+            # A failure closed the loader (a worker died): new workers start from the state.
+            runtime, started = reset_or_restart(self._runtime if self._it is not None else None,
+                                                self._restart_slices, self._start, close=self.close, failures=())
+            if started:
+                self._runtime = runtime
+                # This iterator owns the workers (close(), or when it is dropped): the
+                # end of the elements leaves them waiting for a set_state(), as grain's
+                # do under repeat().
+                self._it = EpochIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False)
         self._restart = False
 
-    def _start(self) -> _WorkerIterator:
+    def _restart_slices(self, runtime: _core.Loader) -> None:
+        """Each worker gets the state to continue from; batch 0 of the new cycle is asked of the
+        worker that is next in it."""
+        messages = [pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL) for state in self._states]
+        runtime.reset_streams(first_worker=self._next_in_cycle, messages=messages)
+
+    def _start(self) -> _core.Loader:
         n = self._n
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
                         worker_init_fn=self._worker_init_fn, states=self._states,
@@ -160,11 +168,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # tied to the worker count the user chose (as before the ledger:
                 # ThreadBudgetError when short).
                 budget_policy=fixed_worker_policy())
-        self._runtime = runtime
-        # This iterator owns the workers (close(), or when it is dropped): the
-        # end of the elements leaves them waiting for a set_state(), as grain's
-        # do under repeat().
-        return _WorkerIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False)
+        return runtime
 
     @property
     def worker_pids(self) -> list[int]:
@@ -355,3 +359,39 @@ class DataLoader:
 
     def __iter__(self) -> Any:
         return iter(self._grain)
+
+
+class ArrayElements:
+    """grain's transport: one element per item. An element made only of numpy
+    arrays (of at least one dimension, nested in dicts/tuples/lists — e.g. a
+    batch after grain's Batch) is written field by field and arrives as views
+    of the slot (read it with ``BatchReader(convert=first_row)``); anything
+    else (scalars, strings, objects) travels pickled, exactly as it was."""
+
+    def __init__(self) -> None:
+        self._writer = SlotWriter(1)
+
+    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
+        return read_stream_kept(ctx, item, stream, first, count, position)
+
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
+        element = samples[0]
+        if _only_arrays(element):
+            self._writer.write(ctx, item, samples[:1], indices)
+        else:
+            ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _only_arrays(value: Any) -> bool:
+    if type(value) is np.ndarray:
+        return value.ndim >= 1 and value.dtype.kind in "biufc"
+    if isinstance(value, dict):
+        return bool(value) and all(_only_arrays(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_only_arrays(v) for v in value)
+    return False
+
+
+def first_row(array: np.ndarray) -> np.ndarray:
+    """The one element of a one-element batch, as a view (for ArrayElements)."""
+    return array[0]

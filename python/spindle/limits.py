@@ -44,7 +44,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ._threads import process_threads
+from ._budget.threads import process_threads
 
 try:
     import threadpoolctl

@@ -5,7 +5,7 @@
             .random_resized_crop(224)
             .random_flip()
             .batch(64))
-    for b in spindle.Loader(pipe, num_workers=2, shuffle=True, seed=0):   # mode="threads" (default) | "processes"
+    for b in spindle.PipelineLoader(pipe, num_workers=2, shuffle=True, seed=0):   # mode="threads" (default) | "processes"
         b["image"]   # (64, 224, 224, 3) uint8, zero-copy; b["label"] (64,) int64
 
 No Python runs per sample: the workers are forked processes running C++
@@ -27,13 +27,15 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._forking import forking
-from ._sharding import resolve_shard, shard_list, shard_order
-from ._state import Position, Progress, check_state, new_state
-from .dataloader import _WorkerIterator
+from ._runtime.epoch import EpochIterator
+from ._runtime.forking import forking
+from ._state.checkpoint import Position, Progress, check_state, new_state
+from ._state.sharding import resolve_shard, shard_list, shard_order
 from .errors import DataError, DecodeError, SpindleError
 
-__all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "Loader"]
+__all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
+
+_FORMAT = "spindle.Loader"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +146,7 @@ def arrays(path: str | os.PathLike) -> Pipeline:
     return Pipeline(("npy", os.fspath(path)))
 
 
-class Loader:
+class PipelineLoader:
     """Iterates a native :class:`Pipeline` in batches of ``{"image": ..., "label": ...}``.
 
     Args:
@@ -232,13 +234,15 @@ class Loader:
             epoch, batches = self._epoch, self._resume_skip
         else:
             epoch, batches = position.epoch, position.yielded
-        return new_state("spindle.Loader", epoch=epoch, batches=batches, **self._state_settings())
+        # The checkpoint's format name is the one states were saved under (before the class was
+        # renamed PipelineLoader): saved states keep loading.
+        return new_state(_FORMAT, epoch=epoch, batches=batches, **self._state_settings())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next."""
         if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
             self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
-        check_state(state, "spindle.Loader", self._state_settings())
+        check_state(state, _FORMAT, self._state_settings())
         self._epoch = int(state["epoch"])
         self._resume_skip = int(state["batches"])
         self._position = None
@@ -273,7 +277,7 @@ class Loader:
         else:
             with forking():
                 runtime = _core.pipeline_loader(**kwargs)
-        it = _SkipCounting(_WorkerIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
+        it = _SkipCounting(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
                            self.pipeline.errors[1])
         if self._native.streaming:
             # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
@@ -307,7 +311,7 @@ def _decode_fields(lease: Any) -> dict[str, Any]:
 class _SkipCounting:
     """Counts samples that on_error='skip' replaced; raises once they exceed the ratio."""
 
-    def __init__(self, it: _WorkerIterator, max_ratio: float) -> None:
+    def __init__(self, it: EpochIterator, max_ratio: float) -> None:
         self._it = it
         self._max_ratio = max_ratio
         self.samples = 0

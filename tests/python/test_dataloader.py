@@ -233,7 +233,7 @@ def test_non_contiguous_samples_are_batched_correctly():
 ])
 def test_batched_fields_equal_stacking_each_field(make):
     """Batching (fast or checked path) equals np.stack of each field, with Python scalars as int64/float64/bool."""
-    from spindle._layout import BatchReader, collate_local, flatten
+    from spindle._runtime.layout import BatchReader, collate_local, flatten
     samples = [make(i) for i in range(7)]
     batch = collate_local(samples, list(range(7)), BatchReader())
     _, got = flatten(batch, 0)
@@ -282,7 +282,7 @@ _SAMPLE_KINDS = [
 @pytest.mark.parametrize("make", _SAMPLE_KINDS)
 def test_worker_batches_equal_the_in_process_python_path(make):
     """Batches written by the workers' one-call path are the Python path's, value, dtype and container for container."""
-    from spindle._layout import BatchReader, collate_local, flatten
+    from spindle._runtime.layout import BatchReader, collate_local, flatten
     ds = _Made(make)
     got = list(spindle.DataLoader(ds, batch_size=8, num_workers=2))
     assert len(got) == 5
@@ -342,8 +342,8 @@ def _python_path_is_refused(*args, **kwargs):
 @pytest.mark.parametrize("make", [_SAMPLE_KINDS[0], _SAMPLE_KINDS[1], _SAMPLE_KINDS[3], _SAMPLE_KINDS[4]])
 def test_plain_samples_are_written_in_one_call_without_the_python_path(monkeypatch, make):
     """Samples of one structure (arrays, Python and numpy scalars, nested containers) never reach Columns, the per-sample Python path."""
-    import spindle._layout
-    monkeypatch.setattr(spindle._layout, "Columns", _python_path_is_refused)  # the forked workers inherit it
+    import spindle._runtime.layout
+    monkeypatch.setattr(spindle._runtime.layout, "Columns", _python_path_is_refused)  # the forked workers inherit it
     assert len(list(spindle.DataLoader(_Made(make), batch_size=8, num_workers=2))) == 5
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import spindle
 from spindle import pipeline as sp
-from spindle._sharding import Shard, resolve_shard, shard_order
+from spindle._state.sharding import Shard, resolve_shard, shard_order
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DistributedSampler  # noqa: E402
@@ -250,15 +250,15 @@ def test_native_loader_resumes_exactly_with_another_worker_count(npy, before, af
     """Proves: a native pipeline's state after k batches resumes with another num_workers (and mode) to the
     uninterrupted run's remaining batches, augmentations included."""
     pipe = sp.arrays(npy).random_flip().batch(3)
-    whole = native(spindle.Loader(pipe, num_workers=before, shuffle=True, seed=4))
-    first = spindle.Loader(pipe, num_workers=before, shuffle=True, seed=4)
+    whole = native(spindle.PipelineLoader(pipe, num_workers=before, shuffle=True, seed=4))
+    first = spindle.PipelineLoader(pipe, num_workers=before, shuffle=True, seed=4)
     it = iter(first)
     for _ in range(6):
         next(it)
     state = json.loads(json.dumps(first.state_dict()))
     del it
     for mode in ("processes", "threads"):
-        resumed = spindle.Loader(pipe, num_workers=after, shuffle=True, seed=4, mode=mode)
+        resumed = spindle.PipelineLoader(pipe, num_workers=after, shuffle=True, seed=4, mode=mode)
         resumed.load_state_dict(state)
         rest = native(resumed)
         assert len(rest) == len(whole) - 6
@@ -269,12 +269,12 @@ def test_native_loader_resumes_exactly_with_another_worker_count(npy, before, af
 def test_native_loader_shards_by_rank(npy):
     """Proves: native pipelines shard like DistributedSampler: one global shuffle, disjoint complete parts."""
     pipe = sp.arrays(npy).batch(4)
-    parts = [np.concatenate([b["image"][:, 0, 1, 0] for b in spindle.Loader(pipe, num_workers=2, shuffle=True,
+    parts = [np.concatenate([b["image"][:, 0, 1, 0] for b in spindle.PipelineLoader(pipe, num_workers=2, shuffle=True,
                                                                             shard=(r, 4))]).tolist()
              for r in range(4)]
     assert [len(p) for p in parts] == [10] * 4
     assert sorted(sum(parts, [])) == list(range(40))
-    assert len(spindle.Loader(pipe, shard=(0, 4))) == 3
+    assert len(spindle.PipelineLoader(pipe, shard=(0, 4))) == 3
 
 
 @pytest.fixture(scope="module")
@@ -306,22 +306,22 @@ def test_webdataset_shards_by_rank_and_resumes_with_the_same_workers(wds_shards)
     after k batches to the uninterrupted run's rest; another num_workers is refused (its order differs)."""
     pipe = sp.webdataset(wds_shards).decode().center_crop(8).batch(2)
     sample_ids = lambda batches: [int(v) for b in batches for v in b["image"][:, 0, 0, 0]]  # noqa: E731
-    parts = [sample_ids(spindle.Loader(pipe, num_workers=2, shard=(r, 2))) for r in range(2)]
+    parts = [sample_ids(spindle.PipelineLoader(pipe, num_workers=2, shard=(r, 2))) for r in range(2)]
     assert sorted(parts[0]) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]
     assert sorted(parts[0] + parts[1]) == list(range(20))
-    first = spindle.Loader(pipe, num_workers=2, shard=(1, 2))
+    first = spindle.PipelineLoader(pipe, num_workers=2, shard=(1, 2))
     it = iter(first)
     head = sample_ids([next(it), next(it)])
     state = json.loads(json.dumps(first.state_dict()))
     rest = sample_ids(it)
     assert head + rest == parts[1]
-    resumed = spindle.Loader(pipe, num_workers=2, shard=(1, 2))
+    resumed = spindle.PipelineLoader(pipe, num_workers=2, shard=(1, 2))
     resumed.load_state_dict(state)
     assert sample_ids(resumed) == rest
     with pytest.raises(ValueError, match="num_workers: state has 2, this loader 3"):
-        spindle.Loader(pipe, num_workers=3, shard=(1, 2)).load_state_dict(state)
+        spindle.PipelineLoader(pipe, num_workers=3, shard=(1, 2)).load_state_dict(state)
     with pytest.raises(ValueError, match="4 shard files cannot be split across 5 ranks"):
-        spindle.Loader(pipe, shard=(0, 5))
+        spindle.PipelineLoader(pipe, shard=(0, 5))
 
 
 # --- spindle.torch.StatefulDataLoader against torchdata 0.11 ----------------
@@ -398,7 +398,7 @@ def test_stateful_loader_with_persistent_workers_draws_as_torchdata_over_epochs(
 def test_batch_seeds_are_the_documented_function_of_seed_epoch_and_indices():
     """Proves: a batch's draws are those of random/numpy seeded once with batch_seed(seed, epoch, its
     indices), its samples drawing in order; the same with 0, 1 and 3 workers."""
-    from spindle._state import batch_seed
+    from spindle._state.checkpoint import batch_seed
 
     for workers in (0, 1, 3):
         loader = spindle.DataLoader(Ids(10), batch_size=5, num_workers=workers, seed=9)

@@ -118,7 +118,7 @@ def test_a_thread_busy_when_first_looked_at_is_attributed_once_it_waits():
     made limit_threads report a running OpenBLAS pool as capped on a loaded machine)."""
     r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import hashlib, json, os, threading, time
-        from spindle._threads import process_threads
+        from spindle._budget.threads import process_threads
         data = b"x" * (64 << 20)  # sha256 of it: ~40 ms on a CPU, with the GIL released
         started, done = threading.Event(), threading.Event()
         def spin():

@@ -185,8 +185,8 @@ def test_spawned_workers_may_print_to_stdout():
 
 
 def test_the_spawned_worker_module_runs_as_a_program():
-    """`python -m spindle._spawned --help` prints its usage (no NameError)."""
-    done = subprocess.run([sys.executable, "-m", "spindle._spawned", "--help"], capture_output=True, text=True,
+    """`python -m spindle._runtime.spawned --help` prints its usage (no NameError)."""
+    done = subprocess.run([sys.executable, "-m", "spindle._runtime.spawned", "--help"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--worker" in done.stdout

@@ -45,17 +45,17 @@ def rrc_pipe(root, batch=8):
 def test_labels_follow_the_sorted_class_folders(folder):
     """Labels are the index of the class folder among the sorted folders; every file once per epoch."""
     pipe = sp.image_folder(folder).decode().center_crop(64).batch(5)
-    labels = np.concatenate([b["label"] for b in spindle.Loader(pipe, num_workers=2)])
+    labels = np.concatenate([b["label"] for b in spindle.PipelineLoader(pipe, num_workers=2)])
     assert sorted(labels.tolist()) == [0] * 12 + [1] * 12 + [2] * 13
-    assert len(spindle.Loader(pipe, num_workers=2)) == -(-37 // 5)
+    assert len(spindle.PipelineLoader(pipe, num_workers=2)) == -(-37 // 5)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_batches_are_identical_for_any_worker_count_and_both_modes(folder, workers):
     """With a seed, 1/2/3 workers in processes and threads mode give the same batches bit for bit."""
-    reference = collect(spindle.Loader(rrc_pipe(folder), num_workers=1, shuffle=True, seed=5, mode="processes"))
+    reference = collect(spindle.PipelineLoader(rrc_pipe(folder), num_workers=1, shuffle=True, seed=5, mode="processes"))
     for mode in ("processes", "threads"):
-        got = collect(spindle.Loader(rrc_pipe(folder), num_workers=workers, shuffle=True, seed=5, mode=mode))
+        got = collect(spindle.PipelineLoader(rrc_pipe(folder), num_workers=workers, shuffle=True, seed=5, mode=mode))
         assert len(got) == len(reference)
         for (image, label), (ref_image, ref_label) in zip(got, reference):
             assert image.shape == (len(label), 64, 64, 3) and image.dtype == np.uint8
@@ -72,7 +72,7 @@ def test_fused_sample_step_equals_the_ops_one_at_a_time(folder, flip, size):
     pipe = sp.image_folder(folder).decode().random_resized_crop(size)
     if flip:
         pipe = pipe.random_flip(flip)
-    loader = spindle.Loader(pipe.batch(7), num_workers=2, seed=11, mode="threads")
+    loader = spindle.PipelineLoader(pipe.batch(7), num_workers=2, seed=11, mode="threads")
     loader.set_epoch(2)
     images = np.concatenate([b["image"].copy() for b in loader])
     assert len(images) == len(files)
@@ -86,7 +86,7 @@ def test_fused_sample_step_equals_the_ops_one_at_a_time(folder, flip, size):
 
 def test_epochs_and_seeds_change_the_augmentation(folder):
     """A new epoch (or seed) draws new crops and order; the same (seed, epoch) repeats exactly."""
-    loader = spindle.Loader(rrc_pipe(folder), num_workers=2, shuffle=True, seed=1)
+    loader = spindle.PipelineLoader(rrc_pipe(folder), num_workers=2, shuffle=True, seed=1)
     first, second = collect(loader), collect(loader)
     loader.set_epoch(0)
     again = collect(loader)
@@ -98,7 +98,7 @@ def test_center_crop_without_scaling_equals_pils_pixels(folder):
     """decode + center_crop (no resize) gives PIL's decoded pixels of the same box exactly."""
     pipe = sp.image_folder(folder).decode().center_crop(128).batch(1)
     files = sorted((folder / c / f) for c in CLASSES for f in os.listdir(folder / c))
-    for (image, _), path in zip(collect(spindle.Loader(pipe, num_workers=1)), files):
+    for (image, _), path in zip(collect(spindle.PipelineLoader(pipe, num_workers=1)), files):
         ref = np.asarray(PIL.open(path).convert("RGB"))
         h, w = ref.shape[:2]
         top, left = int(round((h - 128) / 2.0)), int(round((w - 128) / 2.0))
@@ -109,8 +109,8 @@ def test_normalize_gives_float_chw_batches(folder):
     """normalize(mean, std, 'CHW') turns the uint8 crop into (x/255 - mean)/std, channels first."""
     base = sp.image_folder(folder).decode().center_crop(32).batch(4)
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
-    raw = collect(spindle.Loader(base, num_workers=1))
-    norm = collect(spindle.Loader(base.normalize(mean, std, "CHW"), num_workers=1))
+    raw = collect(spindle.PipelineLoader(base, num_workers=1))
+    norm = collect(spindle.PipelineLoader(base.normalize(mean, std, "CHW"), num_workers=1))
     for (u8, _), (f32, _) in zip(raw, norm):
         expect = (u8.astype(np.float32) / 255 - np.array(mean, np.float32)) / np.array(std, np.float32)
         assert f32.dtype == np.float32 and f32.shape == (len(u8), 3, 32, 32)
@@ -134,7 +134,7 @@ def test_a_bad_file_fails_its_batch_naming_the_file(broken):
     """By default a corrupt/truncated/empty/non-image file raises, naming the file and the decoder's words."""
     pipe = sp.image_folder(broken).decode().center_crop(64).batch(1)
     messages = []
-    it = iter(spindle.Loader(pipe, num_workers=2))
+    it = iter(spindle.PipelineLoader(pipe, num_workers=2))
     while True:
         try:
             next(it)
@@ -153,18 +153,18 @@ def test_skip_replaces_bad_files_counts_them_and_raises_over_the_ratio(broken, m
     with max_ratio below the bad share the loader raises naming the counts."""
     pipe = sp.image_folder(broken).decode().center_crop(64).batch(4).on_error("skip", max_ratio=0.5)
     with pytest.warns(RuntimeWarning, match="skipped"):
-        batches = collect(spindle.Loader(pipe, num_workers=2, mode=mode))
+        batches = collect(spindle.PipelineLoader(pipe, num_workers=2, mode=mode))
     assert sum(len(label) for _, label in batches) == 41
     strict = sp.image_folder(broken).decode().center_crop(64).batch(41).on_error("skip", max_ratio=0.01)
     with pytest.raises(spindle.SpindleError, match=r"4 of 41 samples could not be read"):
         with pytest.warns(RuntimeWarning):
-            collect(spindle.Loader(strict, num_workers=1, mode=mode))
+            collect(spindle.PipelineLoader(strict, num_workers=1, mode=mode))
 
 
 def test_batches_go_zero_copy_to_torch(folder):
     """torch.from_dlpack shares the batch's memory (no copy)."""
     torch = pytest.importorskip("torch")
-    batch = next(iter(spindle.Loader(rrc_pipe(folder), num_workers=1)))
+    batch = next(iter(spindle.PipelineLoader(rrc_pipe(folder), num_workers=1)))
     t = torch.from_dlpack(batch["image"])
     assert t.data_ptr() == batch["image"].ctypes.data and t.shape == batch["image"].shape
 
@@ -185,7 +185,7 @@ def test_threads_mode_forks_nothing_and_stays_within_consumer_plus_arena(folder)
             return found
         base = spindle.count_process_threads(os.getpid())
         pipe = sp.image_folder({str(folder)!r}).decode().random_resized_crop(64).batch(4)
-        loader = spindle.Loader(pipe, num_workers=2, mode="threads")
+        loader = spindle.PipelineLoader(pipe, num_workers=2, mode="threads")
         peak = 0
         it = iter(loader)
         for b in it:
@@ -226,9 +226,9 @@ def test_webdataset_shards_are_read_end_to_end(folder, tmp_path, mode):
     shards = make_shards(folder, tmp_path)
     pipe = sp.webdataset(shards).decode().random_resized_crop(48).batch(4)
     with pytest.raises(TypeError):
-        len(spindle.Loader(pipe, num_workers=2))
-    one = collect(spindle.Loader(pipe, num_workers=1, seed=3, mode=mode))
-    two = collect(spindle.Loader(pipe, num_workers=2, seed=3, mode=mode))
+        len(spindle.PipelineLoader(pipe, num_workers=2))
+    one = collect(spindle.PipelineLoader(pipe, num_workers=1, seed=3, mode=mode))
+    two = collect(spindle.PipelineLoader(pipe, num_workers=2, seed=3, mode=mode))
     for got in (one, two):
         labels = np.concatenate([label for _, label in got])
         assert sorted(labels.tolist()) == [0] * 12 + [1] * 12 + [2] * 12

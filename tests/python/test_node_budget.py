@@ -182,7 +182,8 @@ def test_fail_and_wait_policies_as_documented():
 POOL_OWNER = r"""
 import json, os, sys, time, warnings
 import numpy as np, threadpoolctl
-from spindle import _caps, _forking
+from spindle._budget import caps as _caps
+from spindle._runtime import forking as _forking
 root = sys.argv[1]
 (blas,) = [lib for lib in threadpoolctl.ThreadpoolController().lib_controllers if lib.internal_api == "openblas"]
 np.ones((256, 256)) @ np.ones((256, 256))
@@ -279,7 +280,7 @@ def test_a_forked_helper_holds_a_lease_until_reaped(ledger_path):
     forked, and gives it back when reaped."""
     import threading
 
-    from spindle import _forking
+    from spindle._runtime import forking as _forking
     box = {}
     t = threading.Thread(target=lambda: box.update(value=_forking.call_in_fork(lambda: time.sleep(1.0) or 7)))
     t.start()
@@ -307,7 +308,8 @@ def test_a_forked_helper_without_room_waits_then_raises_the_budget_error():
     from unprivileged import run_limited
     script = textwrap.dedent("""
         import json, time
-        from spindle import _forking, ThreadBudgetError
+        from spindle import ThreadBudgetError
+        from spindle._runtime import forking as _forking
         _forking.HELPER_WAIT_S = 0.3
         t0 = time.monotonic()
         try:

@@ -14,7 +14,7 @@ import pytest
 
 import spindle
 from datasets import Images
-from spindle import _caps
+from spindle._budget import caps as _caps
 
 
 def _native_named_sleeper():
@@ -168,7 +168,8 @@ def test_the_consumers_blas_pool_is_not_restarted_without_room(monkeypatch):
     naming the numbers."""
     import warnings
 
-    from spindle import _caps, _core
+    from spindle import _core
+    from spindle._budget import caps as _caps
 
     class Lib:
         def __init__(self):

@@ -87,7 +87,7 @@ def runner(P: dict[str, Any], ds: Any) -> Callable[[], Iterable[Any]]:
 
         pipe = sp.image_folder(P["root"]).decode().random_resized_crop(P["size"]).random_flip().batch(b)
         mode = name.removeprefix("spindle-native-")
-        return lambda: spindle.Loader(pipe, num_workers=w, shuffle=shuffle, seed=0, mode=mode,
+        return lambda: spindle.PipelineLoader(pipe, num_workers=w, shuffle=shuffle, seed=0, mode=mode,
                                       timeout=P["loader_timeout"])
     if name in ("torch", "torchdata"):
         if name == "torch":

@@ -6,7 +6,7 @@ import os
 import warnings
 from typing import Any, Optional
 
-from .errors import ThreadBudgetWarning
+from ..errors import ThreadBudgetWarning
 
 POLICIES = ("shrink", "wait", "fail")
 ENV = "SPINDLE_BUDGET_POLICY"

@@ -134,7 +134,7 @@ def openblas_capped_across_forks() -> Iterator[None]:
         if _forks_in_progress == 1:
             for lib in _consumer_openblas():
                 if (n := lib.get_num_threads()) and n > 1:
-                    from ._core import reserve_stopping
+                    from .._core import reserve_stopping
 
                     lease = reserve_stopping(n - 1)  # while they still run: counted twice, never zero times
                     lib.set_num_threads(1)
@@ -168,7 +168,7 @@ def _restore_if_room(lib: Any, n: int, lease: Any) -> None:
     pending tasks) has no room for them now, OpenBLAS stays at one thread,
     with one warning naming the numbers."""
     global _warned_kept_capped
-    from ._core import ledger_available
+    from .._core import ledger_available
 
     try:
         room = ledger_available(lease)

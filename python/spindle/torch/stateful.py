@@ -37,8 +37,9 @@ from typing import Any, Optional
 import torch
 from torch.utils.data import IterableDataset
 
-from ._state import EpochCell, Position, Progress, Reseeded, bytes_to_json, check_state, json_to_bytes, new_state
-from .torch import DataLoader, _draw
+from .._state.checkpoint import (EpochCell, Position, Progress, Reseeded, bytes_to_json, check_state, json_to_bytes,
+                                 new_state)
+from . import DataLoader
 
 __all__ = ["StatefulDataLoader"]
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._core import SampleRows, SlotLayout, gather_rows
+from .._core import SampleRows, SlotLayout, gather_rows
 
 _SHAREABLE_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
 

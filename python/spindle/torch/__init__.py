@@ -51,15 +51,17 @@ from torch.utils.data import BatchSampler, IterableDataset, IterDataPipe, MapDat
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 from torch.utils.data._utils import worker as _torch_worker
 
-from . import _core
-from ._budget import resolve_policy, warn_if_shrunk
-from ._forking import forking
-from ._layout import BatchReader
-from ._spawned import payload_fd, worker_argv
-from ._worker import CollatedBatches, batch_decoder, run_stream_worker, run_worker
-from ._sharding import resolve_shard
-from .dataloader import _WorkerIterator
-from .errors import WorkerDiedError
+from .. import _core
+from .._budget.policy import resolve_policy, warn_if_shrunk
+from .._runtime.epoch import EpochIterator
+from .._runtime.forking import forking
+from .._runtime.layout import BatchReader
+from .._runtime.persistent import reset_or_restart
+from .._runtime.spawned import payload_fd, worker_argv
+from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
+from .._state.sharding import resolve_shard
+from ..errors import WorkerDiedError
+from ._transport import CollatedBatches
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
 
@@ -207,27 +209,28 @@ class DataLoader(Generic[_T_co]):
             self._capacity = capacity
         decode = self._decoder()
 
-        if self.persistent_workers and self._runtime is not None:
-            try:
-                self._runtime.reset(order=order, starts=starts)
-                self._persistent_epoch += 1
-                return _TorchIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
-            except Exception:
-                self.close()
-        transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
-        dataset = self._worker_dataset(dataset, self._spawns())
-        # In order, batch k goes to worker k mod N, as torch sends it. Out of
-        # order, torch gives a batch only to a worker with room (a slow worker
-        # is skipped); here a free worker takes the next batch.
-        runtime = self._runtime_for(
-            run_worker, dict(dataset=dataset, transport=transport, setup=setup),
-            order=order, starts=starts, assign_in_turn=loader.in_order, num_workers=loader.num_workers,
-            batch_capacity=self._capacity, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
-            timeout=loader.timeout)
+        def start() -> _core.Loader:
+            transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
+            workers_see = self._worker_dataset(dataset, self._spawns())
+            # In order, batch k goes to worker k mod N, as torch sends it. Out of
+            # order, torch gives a batch only to a worker with room (a slow worker
+            # is skipped); here a free worker takes the next batch.
+            runtime = self._runtime_for(
+                run_worker, dict(dataset=workers_see, transport=transport, setup=setup),
+                order=order, starts=starts, assign_in_turn=loader.in_order, num_workers=loader.num_workers,
+                batch_capacity=self._capacity, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+                timeout=loader.timeout)
+            if self.persistent_workers:
+                self._keep(runtime)
+                self._keyed = (isinstance(workers_see, _ByPosition)
+                               or isinstance(getattr(workers_see, "dataset", None), _ByPosition))
+            return runtime
+
+        runtime, _ = reset_or_restart(self._runtime if self.persistent_workers else None,
+                                      lambda kept: kept.reset(order=order, starts=starts), start,
+                                      close=self.close, failures=(Exception,))
         if not self.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True)
-        self._keep(runtime)
-        self._keyed = isinstance(dataset, _ByPosition) or isinstance(getattr(dataset, "dataset", None), _ByPosition)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
 
@@ -294,28 +297,29 @@ class DataLoader(Generic[_T_co]):
                 _draw(loader.generator)
         self._stream_epochs += 1
         stream_len = loader._IterableDataset_len_called
-        if self.persistent_workers and self._runtime is not None:
-            try:
-                self._runtime.reset_streams(messages=[pickle.dumps(shared_seed)] * self._runtime.plan.num_workers)
-                self._persistent_epoch += 1
-                return _TorchIterator(self._runtime, self._decoder(), owns=False, owner=self,
-                                      epoch=self._persistent_epoch, stream_len=stream_len, dataset=loader.dataset)
-            except Exception:
-                self.close()
-        n = loader.batch_size if loader._auto_collation else 1
-        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
-                        worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
+
+        def start() -> _core.Loader:
+            n = loader.batch_size if loader._auto_collation else 1
+            setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+                            worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
+            transport = CollatedBatches(self._collate(), n, self._zero_copy())
+            runtime = self._runtime_for(
+                run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
+                                        drop_last=loader.drop_last,
+                                        restart=partial(_reseed_stream, dataset=loader.dataset)),
+                order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
+                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
+            if self.persistent_workers:
+                self._keep(runtime)
+            return runtime
+
+        runtime, _ = reset_or_restart(
+            self._runtime if self.persistent_workers else None,
+            lambda kept: kept.reset_streams(messages=[pickle.dumps(shared_seed)] * kept.plan.num_workers), start,
+            close=self.close, failures=(Exception,))
         decode = self._decoder()
-        transport = CollatedBatches(self._collate(), n, self._zero_copy())
-        runtime = self._runtime_for(
-            run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
-                                    drop_last=loader.drop_last,
-                                    restart=partial(_reseed_stream, dataset=loader.dataset)),
-            order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
-            prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
         if not self.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset)
-        self._keep(runtime)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
                               stream_len=stream_len, dataset=loader.dataset)
@@ -347,7 +351,7 @@ def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: A
                               seed=seed, drop_last=drop_last)
 
 
-class _TorchIterator(_WorkerIterator):
+class _TorchIterator(EpochIterator):
     """One epoch, with torch's words for a dead worker, and torch's warning when an
     IterableDataset yields more than the ``len(loader)`` read before ``iter()``."""
 
@@ -362,7 +366,7 @@ class _TorchIterator(_WorkerIterator):
     @property
     def _workers(self) -> list["_WorkerProcess"]:
         """The workers as torch's iterator lists them (``multiprocessing.Process``-like views)."""
-        return [_WorkerProcess(self._loader, w, pid) for w, pid in enumerate(self._pids)]
+        return [_WorkerProcess(self._runtime, w, pid) for w, pid in enumerate(self._pids)]
 
     def __next__(self) -> Any:
         try:
@@ -563,4 +567,10 @@ def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dat
         worker_init_fn(worker_id)
 
 
-from ._stateful import StatefulDataLoader  # noqa: E402  (it builds on DataLoader above)
+def __getattr__(name: str) -> Any:
+    # StatefulDataLoader builds on DataLoader above: its module imports this one, and is
+    # imported on first use, so the two do not import each other.
+    if name == "StatefulDataLoader":
+        from .stateful import StatefulDataLoader
+        return StatefulDataLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

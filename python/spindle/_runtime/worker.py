@@ -9,12 +9,10 @@ is pickled into the slot for the consumer to re-raise, and the worker goes on.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import signal
 import sys
-import traceback
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -23,41 +21,10 @@ import numpy as np
 # each importing it before its first sample.
 import numpy.random  # noqa: F401
 
-from ._caps import cap_worker_pools
-from ._core import MIN_SLOT_BYTES
-from ._layout import BatchReader, Columns, SampleStructureError, SlotWriter
-
-
-def pack_exception(exc: BaseException, index: int, worker_id: int, limit: int) -> bytes:
-    """Pickles `exc` with the worker's traceback into at most `limit` bytes.
-
-    Falls back to the exception's text when it cannot be pickled, and trims the
-    traceback (keeping its end, where the error is) when the report is too big.
-    """
-    report = {
-        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "text": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-        "sample_index": index,
-        "worker_id": worker_id,
-        "pid": os.getpid(),
-        "exception": None,
-    }
-    try:
-        exc.__traceback__ = None
-        blob = pickle.dumps(exc)
-        pickle.loads(blob)  # some exceptions pickle but cannot be re-created
-        report["exception"] = blob
-    except Exception:
-        pass
-    blob = pickle.dumps(report)
-    if len(blob) > limit:
-        report["exception"] = None
-        keep = max(0, limit // 2)
-        report["traceback"] = "... (trimmed)\n" + report["traceback"][-keep:]
-        report["text"] = report["text"][:keep // 4]
-        blob = pickle.dumps(report)
-    return blob
+from .._budget.caps import cap_worker_pools
+from .._core import MIN_SLOT_BYTES
+from .failures import pack_exception
+from .layout import BatchReader
 
 
 def seed_worker(seed: int) -> None:
@@ -65,110 +32,10 @@ def seed_worker(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
-class ArrayBatches:
-    """Batches of fixed-structure samples, written field by field into the slot
-    (zero-copy for the consumer). A batch whose samples differ in structure,
-    shape or dtype fails with SampleStructureError naming the sample."""
-
-    def __init__(self, capacity: int) -> None:
-        self._writer = SlotWriter(capacity)
-
-    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
-        """The item's samples, written as read where they can be (SlotWriter.read): None if
-        the batch is in the slot, else (samples, indices) for write."""
-        return self._writer.read(ctx, item, dataset)
-
-    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        self._writer.write(ctx, item, samples, indices)
-
-
-class CollatedBatches:
-    """torch's transport: default collate over fixed-shape samples goes the
-    zero-copy array path; anything else (a custom collate_fn, strings, ragged
-    samples, batch_size=None) runs `collate` in the worker and travels pickled
-    in the slot (the slot grows to fit)."""
-
-    def __init__(self, collate: Callable[[list[Any]], Any], capacity: int, zero_copy: bool) -> None:
-        self._collate = collate
-        self._writer = SlotWriter(capacity) if zero_copy else None
-
-    def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
-        """As ArrayBatches.read on the array path; otherwise every sample, for collate."""
-        if self._writer is None:
-            return ctx.read_samples(item, dataset)
-        return self._writer.read(ctx, item, dataset)
-
-    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
-        """A stream's batch, as SlotWriter.read_stream (without the array path: every sample kept)."""
-        if self._writer is None:
-            return read_stream_kept(ctx, item, stream, first, count, position)
-        return self._writer.read_stream(ctx, item, stream, first, count, position)
-
-    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        writer = self._writer
-        if writer is not None:
-            if writer.write_as_last(ctx, item, samples):
-                return
-            # Samples the array path cannot lay out (ragged, or a tensor numpy cannot view,
-            # such as a nested tensor): torch's collate decides, and raises torch's error if it must.
-            laid_out = (SampleStructureError, RuntimeError, TypeError)
-            try:
-                description = writer.describe(samples[0], indices[0])
-            except laid_out:
-                description = None
-            if description is not None:
-                if writer.write_as(ctx, item, samples, description):
-                    return
-                try:
-                    columns = Columns(samples, indices)
-                except laid_out:
-                    columns = None
-                if columns is not None:
-                    writer.write_columns(ctx, item, columns)
-                    return
-        ctx.put_bytes(item, pickle.dumps(self._collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
-
-
-class ArrayElements:
-    """grain's transport: one element per item. An element made only of numpy
-    arrays (of at least one dimension, nested in dicts/tuples/lists — e.g. a
-    batch after grain's Batch) is written field by field and arrives as views
-    of the slot (read it with ``BatchReader(convert=first_row)``); anything
-    else (scalars, strings, objects) travels pickled, exactly as it was."""
-
-    def __init__(self) -> None:
-        self._writer = SlotWriter(1)
-
-    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
-        return read_stream_kept(ctx, item, stream, first, count, position)
-
-    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        element = samples[0]
-        if _only_arrays(element):
-            self._writer.write(ctx, item, samples[:1], indices)
-        else:
-            ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
-
-
 def read_stream_kept(ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
     """A stream's batch read as SlotWriter.read_stream returns it, every sample kept for write."""
     read, ended, error, _, _, rest = ctx.read_stream_rows(item, stream, first, count, position, None)
     return read, ended, error, (None if error is not None else (rest, list(range(position, position + read))))
-
-
-def _only_arrays(value: Any) -> bool:
-    if type(value) is np.ndarray:
-        return value.ndim >= 1 and value.dtype.kind in "biufc"
-    if isinstance(value, dict):
-        return bool(value) and all(_only_arrays(v) for v in value.values())
-    if isinstance(value, (tuple, list)):
-        return bool(value) and all(_only_arrays(v) for v in value)
-    return False
-
-
-def first_row(array: np.ndarray) -> np.ndarray:
-    """The one element of a one-element batch, as a view (for ArrayElements)."""
-    return array[0]
 
 
 def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
@@ -210,8 +77,8 @@ def _answer_failed_start(ctx: Any, failure: bytes) -> int:
 
 def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None],
                seed_batch: Optional[Callable[[list[int]], None]] = None) -> int:
-    """Claims batches until the loader closes. `transport` (ArrayBatches or
-    CollatedBatches) writes each batch into its slot; `setup(worker_id,
+    """Claims batches until the loader closes. `transport` (a front's: spindle.DataLoader's
+    ArrayBatches, spindle.torch's CollatedBatches) writes each batch into its slot; `setup(worker_id,
     num_workers)` seeds the worker and runs the user's init function before
     any sample is read; `seed_batch(indices)`, if given, reseeds the random
     generators before each batch (spindle.DataLoader with a seed: BatchSeeds)."""

@@ -1,4 +1,4 @@
-"""Entry point of a spawned worker: ``python -m spindle._spawned --worker W --parent PID``.
+"""Entry point of a spawned worker: ``python -m spindle._runtime.spawned --worker W --parent PID``.
 
 Used instead of fork when the consumer must not be forked (torch's
 ``multiprocessing_context='spawn'`` or ``'forkserver'``, e.g. after CUDA was
@@ -17,14 +17,14 @@ import pickle
 import sys
 from typing import Any
 
-from ._caps import cap_worker_pools, one_thread_environment
+from .._budget.caps import cap_worker_pools, one_thread_environment
 
 SEGMENT_FD = 3
 PAYLOAD_FD = 4
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="spindle._spawned")
+    parser = argparse.ArgumentParser(prog="spindle._runtime.spawned")
     parser.add_argument("--worker", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
@@ -39,7 +39,7 @@ def main() -> int:
     cap_worker_pools()
     _prepare(preparation)
     body, kwargs = pickle.loads(inner)
-    from . import _core
+    from .. import _core
 
     attached = _core.AttachedWorker(SEGMENT_FD, args.worker, args.parent)
     try:
@@ -71,7 +71,7 @@ def worker_argv() -> list[str]:
     # OpenBLAS starts its pool at import time.
     return [sys.executable, "-c",
             f"import os; os.environ.update({one_thread_environment()!r}); import sys; "
-            f"sys.path[:0] = {sys.path!r}; from spindle._spawned import main; sys.exit(main())"]
+            f"sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import main; sys.exit(main())"]
 
 
 def payload_fd(body: Any, kwargs: dict[str, Any]) -> int:

@@ -10,7 +10,7 @@ import signal
 import warnings
 from typing import Any, Callable, Iterator
 
-from ._caps import openblas_capped_across_forks
+from .._budget.caps import openblas_capped_across_forks
 
 
 # How long a helper process (call_in_fork) waits for its task of the thread budget.
@@ -45,7 +45,7 @@ def call_in_fork(fn: Callable[[], Any]) -> Any:
     is interrupted while waiting; the result comes back over a private pipe
     that no user code writes to.
     """
-    from ._core import lease_tasks
+    from .._core import lease_tasks
 
     # Its one task from the node's budget, like a worker's: waited for (up to
     # HELPER_WAIT_S, then ThreadBudgetError with the numbers) rather than a failed fork.

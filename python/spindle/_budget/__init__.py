@@ -1,0 +1,10 @@
+"""spindle's thread-budget layer (private): how many threads a loader may add, and keeping
+the pools of other runtimes to one thread in the workers.
+
+- ``caps``: thread-pool caps in workers (OpenBLAS, OpenMP, ...) and the thread watchdog.
+- ``threads``: reading a process's threads and which runtime started them (/proc).
+- ``policy``: the budget policy (``$SPINDLE_BUDGET_POLICY``) and its shrink warning.
+
+Nothing here imports numpy at import time: ``import spindle`` loads ``threads``.
+See spindle._runtime for the rule between layers and front ends.
+"""

@@ -1,0 +1,7 @@
+"""spindle's state layer (private): checkpoints and sharding, shared by the front ends.
+
+- ``checkpoint``: versioned, JSON-able loader states, positions in an epoch, per-sample seeds.
+- ``sharding``: a rank's part of an epoch (shard="auto" or (rank, world_size)).
+
+See spindle._runtime for the rule between layers and front ends.
+"""
