@@ -20,6 +20,7 @@
 #include <utility>
 
 #include <spindle/error.hpp>
+#include <spindle/procfs.hpp>
 
 namespace spindle {
 namespace {
@@ -132,21 +133,12 @@ std::string errno_text(int e) { return std::strerror(e); }
 }  // namespace
 
 std::optional<uint64_t> process_start_time(pid_t pid, const std::string& proc_root) {
-  std::ifstream in(proc_root + "/" + std::to_string(pid) + "/stat");
-  if (!in) return std::nullopt;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // comm (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-  auto close = text.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream rest(text.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22; ++i)
-    if (!(rest >> field)) return std::nullopt;
+  // Any failure to read it is "not that process": the record is reclaimed.
   try {
-    return std::stoull(field);
-  } catch (...) {
-    return std::nullopt;
+    if (auto st = procfs::read_stat(pid, proc_root)) return st->start_time;
+  } catch (const std::exception&) {
   }
+  return std::nullopt;
 }
 
 BudgetPolicy parse_budget_policy(const std::string& name) {
