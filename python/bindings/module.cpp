@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   spindle::python::register_sources(m);
   spindle::python::register_ops(m);
   spindle::python::register_pipeline(m);
+  spindle::python::register_procfs(m);
 }

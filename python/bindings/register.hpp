@@ -21,4 +21,5 @@ void register_loader(pybind11::module_& m);
 void register_sources(pybind11::module_& m);
 void register_ops(pybind11::module_& m);
 void register_pipeline(pybind11::module_& m);
+void register_procfs(pybind11::module_& m);
 }  // namespace spindle::python

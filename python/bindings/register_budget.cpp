@@ -1,4 +1,4 @@
-// ThreadBudget, the budget ledger's leases, and thread counting.
+// ThreadBudget and the budget ledger's leases.
 #include <pybind11/stl.h>
 
 #include <thread>
@@ -145,8 +145,6 @@ void register_budget(py::module_& m) {
         return d;
       },
       "Where the node budget ledger is and whether it is used (with the reason if not).");
-  m.def("count_process_threads", [](int pid) { return count_process_threads(pid); }, py::arg("pid"),
-        "Threads of process pid (entries of /proc/<pid>/task); 0 if it does not exist.");
   m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },
         "Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.");
 }

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'CloseOnDrop', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'center_crop_box', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'CloseOnDrop', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_stat', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -549,13 +549,57 @@ class Pipeline:
     @property
     def streaming(self) -> bool:
         ...
+class ProcessStat:
+    """
+    The fields of /proc/<pid>/stat the package uses.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def comm(self) -> str:
+        """
+        Its name (field 2), without the parentheses.
+        """
+    @property
+    def num_threads(self) -> int:
+        """
+        Its threads (field 20).
+        """
+    @property
+    def pid(self) -> int:
+        """
+        The process id (field 1).
+        """
+    @property
+    def ppid(self) -> int:
+        """
+        The parent's pid (field 4).
+        """
+    @property
+    def start_time(self) -> int:
+        """
+        Clock ticks after boot when it started (field 22); tells a reused pid apart.
+        """
+    @property
+    def state(self) -> str:
+        """
+        The state letter (field 3): R, S, D, T, t, Z, X, ...
+        """
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
     """
+def arm_parent_death(parent: typing.SupportsInt | typing.SupportsIndex, signal: typing.SupportsInt | typing.SupportsIndex) -> bool:
+    """
+    In a child of parent: asks for signal when the parent dies (PR_SET_PDEATHSIG), then checks it had not died already. False if it had (exit then). OSError if prctl refuses the signal.
+    """
 def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
     """
     CenterCrop's box (top, left, h, w), clamped to the image.
+    """
+def cgroup_pids_levels(pid: typing.SupportsInt | typing.SupportsIndex | None = None, *, proc_root: str = '/proc', cgroup_root: str = '/sys/fs/cgroup') -> list:
+    """
+    pids.max and pids.current of every level from the cgroup of pid (None: this process) up to the root (v2, or the v1 pids hierarchy, which wins), as dicts with path, max (None: no limit) and current; levels without both files are left out. ThreadBudget binds to the tightest of them.
     """
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
@@ -600,6 +644,14 @@ def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean
 def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batch_size: typing.SupportsInt | typing.SupportsIndex, drop_last: bool = False, num_workers: typing.SupportsInt | typing.SupportsIndex, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> Loader:
     """
     A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
+    """
+def process_stat(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> ProcessStat | None:
+    """
+    /proc/<pid>/stat parsed (comm may hold spaces and ')'); None if the process is gone. OSError if it cannot be read.
+    """
+def process_threads(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> list[tuple[int, str]] | None:
+    """
+    (tid, name) of every thread of process pid, ascending by tid, the name from its comm; None if the process is gone. Threads that exit while it looks are left out.
     """
 def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
     """

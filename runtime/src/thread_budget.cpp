@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <spindle/error.hpp>
+#include <spindle/procfs.hpp>
 
 namespace spindle {
 namespace {
@@ -22,20 +23,6 @@ std::optional<std::string> read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-// "max" -> kUnlimited; a number -> that number; missing/garbage -> nullopt.
-std::optional<int64_t> read_limit(const std::string& path) {
-  auto text = read_file(path);
-  if (!text) return std::nullopt;
-  std::string word;
-  std::istringstream(*text) >> word;
-  if (word == "max") return kUnlimited;
-  try {
-    return std::stoll(word);
-  } catch (...) {
-    return std::nullopt;
-  }
 }
 
 int64_t budget_of(int64_t room, int64_t pending) {
@@ -51,43 +38,13 @@ struct CgroupPids {
   std::string path;
 };
 
-// Walks from our cgroup up to the root; the tightest level binds. pids.max of
-// an ancestor limits all of its descendants together, so each level's headroom
-// is its own max minus its own current.
+// The tightest level of our cgroup's pids limits binds (procfs walks them).
 CgroupPids read_cgroup_pids(const std::string& proc_root, const std::string& cgroup_root) {
   CgroupPids out;
-  auto self = read_file(proc_root + "/self/cgroup");
-  if (!self) return out;
-  std::string base, rel;
-  std::istringstream lines(*self);
-  for (std::string line; std::getline(lines, line);) {
-    auto c1 = line.find(':');
-    auto c2 = line.find(':', c1 + 1);
-    if (c1 == std::string::npos || c2 == std::string::npos) continue;
-    std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
-    std::string path = line.substr(c2 + 1);
-    if (line.compare(0, c1, "0") == 0 && controllers.empty()) {
-      if (base.empty()) { base = cgroup_root; rel = path; }        // v2
-    } else {
-      std::istringstream cs(controllers);
-      for (std::string c; std::getline(cs, c, ',');)
-        if (c == "pids") { base = cgroup_root + "/pids"; rel = path; }  // v1 wins
-    }
-  }
-  if (base.empty()) return out;
-  for (std::string p = rel;;) {
-    std::string dir = base + (p == "/" ? "" : p);
-    auto max = read_limit(dir + "/pids.max");
-    auto cur = read_limit(dir + "/pids.current");
-    if (max && cur && *max != kUnlimited) {
-      int64_t room = std::max<int64_t>(0, *max - *cur);
-      if (room < out.headroom) {
-        out = {*max, *cur, room, dir};
-      }
-    }
-    if (p.empty() || p == "/") break;
-    auto slash = p.find_last_of('/');
-    p = slash == 0 ? "/" : p.substr(0, slash);
+  for (const auto& level : procfs::cgroup_pids_levels(std::nullopt, proc_root, cgroup_root)) {
+    if (!level.max) continue;  // "max": no limit at this level
+    int64_t room = std::max<int64_t>(0, *level.max - level.current);
+    if (room < out.headroom) out = {*level.max, level.current, room, level.path};
   }
   return out;
 }
@@ -150,14 +107,8 @@ int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid) {
 }
 
 int count_process_threads(int pid, const std::string& proc_root) {
-  std::string path = proc_root + "/" + std::to_string(pid) + "/task";
-  DIR* dir = opendir(path.c_str());
-  if (!dir) return 0;
-  int n = 0;
-  while (dirent* e = readdir(dir))
-    if (e->d_name[0] != '.') ++n;
-  closedir(dir);
-  return n;
+  auto tids = procfs::thread_ids(pid, proc_root);
+  return tids ? static_cast<int>(tids->size()) : 0;
 }
 
 ThreadBudget::ThreadBudget(const BudgetSources& s) {

@@ -186,8 +186,8 @@ class BudgetLedger {
   Impl* impl_;
 };
 
-// /proc/<pid>/stat field 22 (start time in clock ticks since boot); nullopt if
-// the process is gone.
+// procfs::read_stat(pid).start_time (stat field 22, clock ticks since boot);
+// nullopt if the process is gone or its stat cannot be read.
 std::optional<uint64_t> process_start_time(pid_t pid, const std::string& proc_root = "/proc");
 
 }  // namespace spindle
