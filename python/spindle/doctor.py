@@ -73,29 +73,8 @@ def _nproc_limits(pid: int | None) -> tuple[int | None, int | None]:
 def cgroup_pids_levels(pid: int | None = None, cgroup_root: str = "/sys/fs/cgroup") -> list[dict[str, Any]]:
     """pids.max and pids.current of every level from the process's cgroup up to
     the root (v2, or the v1 pids hierarchy); levels without the files are left out.
-    The same walk as ThreadBudget's, which reports only the binding level."""
-    text = _read(f"/proc/{'self' if pid is None else pid}/cgroup") or ""
-    base = rel = None
-    for line in text.splitlines():
-        hier, controllers, path = line.split(":", 2)
-        if hier == "0" and controllers == "" and base is None:
-            base, rel = cgroup_root, path
-        elif "pids" in controllers.split(","):
-            base, rel = f"{cgroup_root}/pids", path  # v1 wins, as in ThreadBudget
-    if base is None:
-        return []
-    levels = []
-    p = rel or "/"
-    while True:
-        directory = base + ("" if p == "/" else p)
-        current = _number(_read(f"{directory}/pids.current"))
-        limit_text = _read(f"{directory}/pids.max")
-        if current is not None and limit_text is not None:
-            levels.append({"path": directory, "max": _number(limit_text), "current": current})
-        if p in ("", "/"):
-            break
-        p = p.rsplit("/", 1)[0] or "/"
-    return levels
+    ThreadBudget reads the same levels (the core's procfs) and reports only the binding one."""
+    return _core.cgroup_pids_levels(pid, cgroup_root=cgroup_root)
 
 
 def _processes(uid: int) -> tuple[list[int], int]:

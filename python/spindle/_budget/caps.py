@@ -218,18 +218,12 @@ os.register_at_fork(after_in_child=_forget_forks_in_child)
 
 def thread_names(pid: int) -> list[str]:
     """Names of the threads of process `pid` (empty if it is gone)."""
-    names = []
+    from .. import _core
+
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        return [name for _, name in (_core.process_threads(pid) or [])]
     except OSError:
-        return names
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass
-    return names
+        return []
 
 
 _NO_THREADPOOLCTL = (

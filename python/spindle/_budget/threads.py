@@ -211,14 +211,19 @@ class _StackReader:
 
 def process_threads(pid: int) -> list[ThreadInfo]:
     """Every thread of `pid` with its runtime (empty if the process is gone)."""
+    from .. import _core  # the one reader of /proc's thread list and names
+
     try:
-        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        listed = _core.process_threads(pid)
+        stat = _core.process_stat(pid)
     except OSError:
+        return []
+    if listed is None or stat is None:
         return []
     reader: _StackReader | None = None
     found: dict[int, ThreadInfo] = {}
     running: dict[int, str] = {}  # tid -> name of the threads on a CPU when looked at
-    main_name = (_read(f"/proc/{pid}/comm") or "").strip()
+    main_name = stat.comm
 
     def attribute(tid: int, name: str) -> None:
         assert reader is not None
@@ -239,8 +244,7 @@ def process_threads(pid: int) -> list[ThreadInfo]:
             found[tid] = ThreadInfo(tid, name, "unattributed", why)
 
     try:
-        for tid in tids:
-            name = (_read(f"/proc/{pid}/task/{tid}/comm") or "").strip()
+        for tid, name in sorted(listed):
             if tid == pid:
                 found[tid] = ThreadInfo(tid, name, "main thread", "main")
                 continue
@@ -266,7 +270,7 @@ def process_threads(pid: int) -> list[ThreadInfo]:
     finally:
         if reader is not None:
             reader.close()
-    out = [found[tid] for tid in tids if tid in found]
+    out = [found[tid] for tid, _ in sorted(listed) if tid in found]
     if any(t.runtime == "XLA" for t in out):
         # tf_XLA* pools belong to whichever of JAX and TensorFlow loaded XLA.
         owners = runtimes_of_libraries(mapped_libraries(pid) or [])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import signal
@@ -101,9 +100,9 @@ def call_in_fork(fn: Callable[[], Any]) -> Any:
 
 def _die_with_parent(parent: int) -> None:
     """In a forked child: SIGKILL when `parent` dies (and exit now if it already has)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    from .. import _core
+
+    if not _core.arm_parent_death(parent, signal.SIGKILL):
         os._exit(1)
 
 

@@ -411,10 +411,10 @@ class _WorkerProcess:
         if self.exitcode is not None:
             return False
         try:  # not reaped yet, so the pid is still this worker's: running, or a zombie
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                return f.read().rpartition(b")")[2][1:2] not in (b"Z", b"X")
+            stat = _core.process_stat(self.pid)
         except OSError:
             return False
+        return stat is not None and stat.state not in ("Z", "X")
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Waits until the worker is no longer alive, or `timeout` seconds."""
