@@ -13,6 +13,8 @@
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
+#include <spindle/detail/batch_ring.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 #include <spindle/detail/ring_copy.hpp>
 
 #include "register.hpp"
