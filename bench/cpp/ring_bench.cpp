@@ -150,7 +150,7 @@ void BM_LoaderEpoch(benchmark::State& state) {
     std::memset(out.data(), static_cast<int>(index % 251), out.size());
   };
   for (auto _ : state) {
-    spindle::Loader loader(opt, batches, spindle::sample_worker(make_image, kSampleBytes));
+    spindle::Loader loader(opt, batches, spindle::Launcher::fork(spindle::sample_worker(make_image, kSampleBytes)));
     while (auto b = loader.next()) {
       const auto expect = static_cast<std::byte>(b->indices().back() % 251);
       if (b->data()[(b->indices().size()) * kSampleBytes - 1] != expect) {

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <functional>
 
-#include <spindle/detail/worker_pool.hpp>
+#include <spindle/launcher.hpp>
 
 namespace spindle::python {
 // The interpreter's fork protocol, for every fork made from Python.

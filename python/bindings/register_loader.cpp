@@ -13,6 +13,8 @@
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
+#include <spindle/detail/batch_ring.hpp>
+#include <spindle/detail/budget_ledger.hpp>
 #include <spindle/detail/ring_copy.hpp>
 
 #include "register.hpp"
@@ -570,10 +572,10 @@ void register_loader(py::module_& m) {
              o.first_worker = first_worker;
              if (spawn_argv)  // workers are new programs: nothing is forked, worker_main is unused
                return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
-                                 SpawnSpec{*spawn_argv, std::move(spawn_fds)});
+                                 Launcher::spawn(SpawnSpec{*spawn_argv, std::move(spawn_fds)}));
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, batch_capacity, drop_last, starts),
-                               python_worker_main(std::move(worker_main)), interpreter_fork_hooks());
+                               Launcher::fork(python_worker_main(std::move(worker_main)), interpreter_fork_hooks()));
            }),
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none(),
            py::arg("worker_main"), py::arg("num_workers"),

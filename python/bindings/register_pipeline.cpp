@@ -73,11 +73,11 @@ void register_pipeline(py::module_& m) {
         WorkerMain body = stream ? pipeline_stream_worker(pipe, seed, epoch) : pipeline_worker(pipe, seed, epoch);
         if (threads) {
           py::gil_scoped_release release;  // nothing forks: the workers are C++ on arena threads
-          return std::make_unique<Loader>(o, std::move(plan), std::move(body), ArenaThreads{});
+          return std::make_unique<Loader>(o, std::move(plan), Launcher::threads(std::move(body)));
         }
         // Forked from Python: the interpreter's fork protocol (the GIL stays held); the
         // child runs only C++.
-        return std::make_unique<Loader>(o, std::move(plan), std::move(body), interpreter_fork_hooks());
+        return std::make_unique<Loader>(o, std::move(plan), Launcher::fork(std::move(body), interpreter_fork_hooks()));
       },
       py::kw_only(), py::arg("pipeline"), py::arg("order"), py::arg("batch_size"), py::arg("drop_last") = false,
       py::arg("num_workers"), py::arg("threads") = false, py::arg("seed"), py::arg("epoch"),

@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   spindle::LoaderOptions opt;
   opt.num_workers = workers;
   opt.batch_capacity = batch;
-  auto loader_ptr = use_zygote ? std::make_unique<spindle::Loader>(opt, batches, zygote, "images")
-                               : std::make_unique<spindle::Loader>(opt, batches, produce_images);
+  auto loader_ptr = use_zygote ? std::make_unique<spindle::Loader>(opt, batches, spindle::Launcher::zygote(zygote, "images"))
+                               : std::make_unique<spindle::Loader>(opt, batches, spindle::Launcher::fork(produce_images));
   spindle::Loader& loader = *loader_ptr;
   std::printf("%s: workers=%d arena_threads=%d budget=%lld slots=%u\n", use_zygote ? "zygote" : "fork",
               loader.plan().num_workers, loader.plan().arena_threads,

@@ -88,9 +88,9 @@ int main(int argc, char** argv) {
   const uint64_t seed = 7, epoch = 0;
   const auto plan = spindle::BatchPlan::chunked(order, lo.batch_capacity, false);
 
-  spindle::Loader processes(lo, plan, spindle::pipeline_worker(pipe, seed, epoch));
+  spindle::Loader processes(lo, plan, spindle::Launcher::fork(spindle::pipeline_worker(pipe, seed, epoch)));
   const auto a = run(processes);
-  spindle::Loader threads(lo, plan, spindle::pipeline_worker(pipe, seed, epoch), spindle::ArenaThreads{});
+  spindle::Loader threads(lo, plan, spindle::Launcher::threads(spindle::pipeline_worker(pipe, seed, epoch)));
   const auto b = run(threads);
   if (!npy.empty()) std::remove(npy.c_str());
 

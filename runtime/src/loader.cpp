@@ -1,189 +1,76 @@
+// Loader: construction (budget, ring, workers from the Launcher) and the
+// consumer protocol: posting batches into free slots, delivering them as
+// leases, and new epochs. Supervision (waiting, worker deaths, timeouts,
+// closing) is in loader_supervision.cpp; the Batch lease in batch.cpp.
 #include <spindle/loader.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
 #include <spindle/detail/arena.hpp>
+#include <spindle/detail/worker_pool.hpp>
 #include <spindle/error.hpp>
-#include <spindle/detail/shm_segment.hpp>
+
+#include "loader_internal.hpp"
 
 namespace spindle {
 
-struct RingStorage {
-  RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what) : segment(bytes, what, reserve) {}
-  ShmSegment segment;
-  BatchRing ring;
-};
-
-namespace {
-
-constexpr auto kSupervisePeriod = std::chrono::milliseconds(50);
-
-std::string preview(std::span<const int64_t> idx) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < idx.size() && i < 4; ++i) s += (i ? ", " : "") + std::to_string(idx[i]);
-  if (idx.size() > 4) s += ", ... " + std::to_string(idx.size()) + " samples";
-  return s + "]";
-}
-
-// What the kernel says a worker is doing ("stopped" explains a timeout at once).
-std::string process_state(pid_t pid) {
-  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return "gone";
-  char buf[512] = {};
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const char* paren = static_cast<const char*>(memrchr(buf, ')', n));
-  const char state = paren && paren + 2 < buf + n ? paren[2] : '?';
-  switch (state) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible sleep (I/O)";
-    case 'T': return "stopped (SIGSTOP/SIGTSTP)";
-    case 't': return "stopped by a debugger";
-    case 'Z': return "a zombie";
-    default: return std::string("in state '") + state + "'";
-  }
-}
-
-// 2000 ms -> "2", 1500 ms -> "1.5" (as torch prints its timeout).
-std::string seconds(std::chrono::milliseconds ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(ms.count()) / 1000.0);
-  return buf;
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------- batches
-
-Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move(ring)), slot_(slot) {
-  const BatchRing& r = ring_->ring;
-  const SlotHeader& h = r.slot(slot);
-  batch_id_ = h.batch_id;
-  indices_ = {r.indices(slot), h.count};
-  contents_ = read_descriptor(r.descriptor(slot), h.reserved);
-  const uint64_t used = contents_.kind == PayloadKind::kRaw
-                            ? std::min<uint64_t>(r.geometry().slot_bytes, h.reserved)
-                            : contents_.data_bytes;
-  data_ = {r.payload(slot), static_cast<std::size_t>(used)};
-}
-
-void Batch::check_field(std::size_t i, std::size_t item) const {
-  if (kind() != PayloadKind::kArrays || i >= layout().num_fields())
-    SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(batch_id_) + " has no array field " +
-                                             std::to_string(i));
-  if (layout().itemsize(i) != item)
-    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " holds '" +
-                                             layout().field(i).dtype + "' items of " +
-                                             std::to_string(layout().itemsize(i)) + " bytes, not " +
-                                             std::to_string(item));
-}
-
-Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
-
-Batch& Batch::operator=(Batch&& o) noexcept {
-  if (this != &o) {
-    release();
-    ring_ = std::move(o.ring_);
-    slot_ = o.slot_;
-    batch_id_ = o.batch_id_;
-    indices_ = o.indices_;
-    data_ = o.data_;
-    contents_ = std::move(o.contents_);
-    owned_ = std::move(o.owned_);  // moving keeps the buffers, so the spans stay valid
-    owned_indices_ = std::move(o.owned_indices_);
-    owned_descriptor_ = std::move(o.owned_descriptor_);
-  }
-  return *this;
-}
-
-Batch::~Batch() { release(); }
-
-void Batch::release() noexcept {
-  if (ring_) ring_->ring.set_state(slot_, SlotState::kFree);
-  ring_.reset();
-}
-
-void Batch::copy_out() {
-  owned_.resize(data_.size());
-  Arena::global().parallel_copy(owned_.data(), data_.data(), data_.size());
-  owned_indices_.assign(indices_.begin(), indices_.end());
-  const std::byte* desc = ring_->ring.descriptor(slot_);
-  owned_descriptor_.assign(desc, desc + kDescriptorBytes);
-  data_ = owned_;
-  indices_ = owned_indices_;
-  if (contents_.kind == PayloadKind::kArrays)  // the structure bytes now live in our copy
-    contents_.structure = std::string_view(
-        reinterpret_cast<const char*>(owned_descriptor_.data()) +
-            (contents_.structure.data() - reinterpret_cast<const char*>(desc)),
-        contents_.structure.size());
-  release();
-}
-
-// ---------------------------------------------------------------- consumer side
-
-Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main,
-               const ForkHooks& hooks)
+Loader::Loader(const LoaderOptions& options, BatchPlan batches, Launcher launcher)
     : options_(options), batches_(std::move(batches)) {
-  prepare();
+  prepare(/*threads=*/launcher.kind() == Launcher::Kind::kThreads);
+  launch(launcher);
+  start();
+}
+
+void Loader::launch(Launcher& launcher) {
   const BatchRing ring = ring_->ring;
-  const pid_t consumer = getpid();
   const int segment_fd = ring_->segment.fd();  // inherited by the forks: slots grow through it
-  // Each worker is marked started as soon as it is forked: from then on /proc
-  // counts it, and the ledger must not count it as pending too.
-  ForkHooks counted = hooks;
-  counted.after_fork_parent = [this, parent = hooks.after_fork_parent] {
-    if (parent) parent();
-    ledger_lease_.started(1);
-  };
-  pool_ = std::make_unique<WorkerPool>(
-      options_.num_workers,
-      [&](int w) {
-        ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
-        WorkerContext ctx(ring, w, consumer, segment_fd);
-        return worker_main(ctx);
-      },
-      counted);
-  start();
-}
-
-Loader::Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
-               const std::string& main)
-    : options_(options), batches_(std::move(batches)) {
-  prepare();
-  pool_ = std::make_unique<WorkerPool>(options_.num_workers, zygote, main, ring_->segment.fd());
-  ledger_lease_.started(plan_.num_workers);
-  start();
-}
-
-Loader::Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn)
-    : options_(options), batches_(std::move(batches)) {
-  prepare();
-  pool_ = std::make_unique<WorkerPool>(options_.num_workers, spawn, ring_->segment.fd());
-  ledger_lease_.started(plan_.num_workers);
-  start();
-}
-
-Loader::Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main, ArenaThreads)
-    : options_(options), batches_(std::move(batches)) {
-  prepare(/*threads=*/true);
-  const BatchRing ring = ring_->ring;
-  const pid_t parent = getppid();  // a worker thread stops if this process is orphaned, as a forked one does
-  const int segment_fd = ring_->segment.fd();
-  auto main = std::make_shared<WorkerMain>(std::move(worker_main));
-  threads_ = Arena::global().start(options.num_workers, [ring, parent, segment_fd, main](int w) {
-    // The record names the thread (its tid) where a process would be named.
-    ring.worker(static_cast<uint32_t>(w)).pid.store(static_cast<int32_t>(gettid()), std::memory_order_relaxed);
-    WorkerContext ctx(ring, w, parent, segment_fd);
-    (*main)(ctx);
-  });
-  start();
+  const int n = options_.num_workers;
+  switch (launcher.kind()) {
+    case Launcher::Kind::kFork: {
+      const pid_t consumer = getpid();
+      const WorkerMain& worker_main = launcher.main_;  // runs only in the children, during the pool's construction
+      // Each worker is marked started as soon as it is forked: from then on
+      // /proc counts it, and the ledger must not count it as pending too.
+      ForkHooks counted = launcher.hooks_;
+      counted.after_fork_parent = [this, parent = launcher.hooks_.after_fork_parent] {
+        if (parent) parent();
+        leases_->ledger.started(1);
+      };
+      pool_ = std::make_unique<WorkerPool>(
+          n,
+          forked_workers(
+              [&worker_main, ring, consumer, segment_fd](int w) {
+                ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
+                WorkerContext ctx(ring, w, consumer, segment_fd);
+                return worker_main(ctx);
+              },
+              std::move(counted)));
+      return;
+    }
+    case Launcher::Kind::kZygote:
+      pool_ = std::make_unique<WorkerPool>(n, zygote_workers(*launcher.zygote_, launcher.zygote_main_, segment_fd));
+      leases_->ledger.started(plan_.num_workers);
+      return;
+    case Launcher::Kind::kSpawn:
+      pool_ = std::make_unique<WorkerPool>(n, spawned_workers(launcher.spawn_, segment_fd));
+      leases_->ledger.started(plan_.num_workers);
+      return;
+    case Launcher::Kind::kThreads: {
+      const pid_t parent = getppid();  // a worker thread stops if this process is orphaned, as a forked one does
+      auto main = std::make_shared<WorkerMain>(std::move(launcher.main_));
+      threads_ = Arena::global().start(n, [ring, parent, segment_fd, main](int w) {
+        // The record names the thread (its tid) where a process would be named.
+        ring.worker(static_cast<uint32_t>(w)).pid.store(static_cast<int32_t>(gettid()), std::memory_order_relaxed);
+        WorkerContext ctx(ring, w, parent, segment_fd);
+        (*main)(ctx);
+      });
+      return;
+    }
+  }
 }
 
 void Loader::prepare(bool threads) {
@@ -215,14 +102,15 @@ void Loader::prepare(bool threads) {
       options.num_workers, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
       options.budget_poll);
   plan_ = grant.plan;
-  ledger_lease_ = std::move(grant.lease);
+  leases_ = std::make_unique<LoaderLeases>();
+  leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
   // The arena runs the sum of its live leases; this loader's is what its
   // ledger lease was granted: the plan's arena threads (within cpus - 1 for
   // the whole process) and, in threads mode, the workers, which are arena
   // threads.
-  arena_lease_ = Arena::global().lease(plan_.arena_threads + (threads ? plan_.num_workers : 0));
+  leases_->arena = Arena::global().lease(plan_.arena_threads + (threads ? plan_.num_workers : 0));
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
@@ -258,11 +146,6 @@ void Loader::check_batches(const BatchPlan& batches) const {
                                                std::to_string(batches.batch(b).size()) +
                                                " samples; every batch needs 1.." +
                                                std::to_string(options_.batch_capacity));
-}
-
-std::string Loader::describe_batch(std::size_t b) const {
-  if (b < batches_.size()) return preview(batches_.batch(b));
-  return "(from worker streams)";
 }
 
 void Loader::reset(BatchPlan batches) {
@@ -334,12 +217,6 @@ void Loader::reset_streams(int first_worker, std::vector<std::string> messages) 
   post_more();
 }
 
-void Loader::rethrow_if_broken() const {
-  if (broken_.empty()) return;
-  if (broken_timeout_) throw LoaderTimeoutError(broken_);
-  throw WorkerDiedError(broken_);
-}
-
 void Loader::start() {
   {
     std::lock_guard lock(pids_mu_);
@@ -352,65 +229,25 @@ void Loader::start() {
   post_more();
 }
 
-Loader::~Loader() { close(); }
-
-uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_slots; }
-
-std::vector<pid_t> Loader::worker_pids() const {
-  std::lock_guard lock(pids_mu_);
-  return pids_;
-}
-
-std::vector<std::optional<WorkerExit>> Loader::worker_exits() const {
-  std::lock_guard lock(pids_mu_);
-  return exits_;
-}
-
-void Loader::close(std::chrono::milliseconds grace) noexcept {
-  closing_.store(true, std::memory_order_release);
-  // Wake a next() waiting in another thread; it sees closing_ and returns.
-  if (ring_) detail::futex_wake(&ring_->ring.header().completed, INT32_MAX);
-  std::lock_guard op(op_mu_);
-  stop_workers(grace);
-}
-
-void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
-  closing_.store(true, std::memory_order_release);
-  if (!pool_ && !threads_) {
-    arena_lease_.reset();
-    ledger_lease_.reset();
-    return;
-  }
-  for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
-  if (pool_) {
-    pool_->shutdown(grace);
-    std::lock_guard lock(pids_mu_);
-    exits_ = pool_->exits();
-  }
-  pool_.reset();
-  threads_.reset();  // waits for the batches being filled: threads cannot be killed
-  // The workers are reaped and nothing of this loader runs in the arena any
-  // more: both leases go back now, not when the Loader is destroyed.
-  arena_lease_.reset();
-  ledger_lease_.reset();
-  std::lock_guard lock(pids_mu_);
-  pids_.clear();
-}
-
 void Loader::post_more() {
   const BatchRing& r = ring_->ring;
   const uint32_t n = r.geometry().num_slots;
+  const auto nw = static_cast<uint32_t>(options_.num_workers);
+  auto more = [&] {
+    if (options_.round_robin) return std::find(active_.begin(), active_.end(), true) != active_.end();
+    return next_post_ < batches_.size();
+  };
   uint32_t s = 0;
-  if (options_.round_robin) {
-    // Task k goes to the next worker whose stream has not ended, in turn.
-    const auto nw = static_cast<uint32_t>(options_.num_workers);
-    while (inflight_.size() < inflight_target_ && std::find(active_.begin(), active_.end(), true) != active_.end()) {
-      while (s < n && r.state(s) != SlotState::kFree) ++s;
-      if (s == n) return;
+  while (inflight_.size() < inflight_target_ && more()) {
+    while (s < n && r.state(s) != SlotState::kFree) ++s;
+    if (s == n) return;  // every other slot is leased by the user
+    SlotHeader& h = r.slot(s);
+    h.flags = 0;
+    h.message_bytes = 0;
+    uint32_t queue = 0;
+    if (options_.round_robin) {
+      // Task k goes to the next worker whose stream has not ended, in turn.
       while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
-      SlotHeader& h = r.slot(s);
-      h.flags = 0;
-      h.message_bytes = 0;
       if (!restart_.empty() && restart_[next_worker_]) {
         // The first item of this worker's new stream carries its start message.
         const std::string& m = messages_[next_worker_];
@@ -428,124 +265,23 @@ void Loader::post_more() {
         h.flags = kSlotNewStream;
         restart_[next_worker_] = false;
       }
-      h.batch_id = static_cast<int64_t>(next_post_++);
       h.count = options_.batch_capacity;
-      h.worker = -1;
-      h.error_bytes = 0;
-      write_raw_descriptor(r.descriptor(s));
-      r.set_state(s, SlotState::kPosted);
-      r.queue(1 + next_worker_).post(s);
-      inflight_.push_back(s);
+      queue = 1 + next_worker_;
       next_worker_ = (next_worker_ + 1) % nw;
+    } else {
+      const auto idx = batches_.batch(next_post_);
+      h.count = static_cast<uint32_t>(idx.size());
+      std::copy(idx.begin(), idx.end(), r.indices(s));
+      // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
+      queue = options_.assign_in_turn ? 1 + static_cast<uint32_t>(next_post_ % nw) : 0;
     }
-    return;
-  }
-  while (next_post_ < batches_.size() && inflight_.size() < inflight_target_) {
-    while (s < n && r.state(s) != SlotState::kFree) ++s;
-    if (s == n) return;  // every other slot is leased by the user
-    const auto idx = batches_.batch(next_post_);
-    SlotHeader& h = r.slot(s);
-    h.batch_id = static_cast<int64_t>(next_post_);
-    h.count = static_cast<uint32_t>(idx.size());
+    h.batch_id = static_cast<int64_t>(next_post_++);
     h.worker = -1;
     h.error_bytes = 0;
-    h.flags = 0;
-    h.message_bytes = 0;
     write_raw_descriptor(r.descriptor(s));
-    std::copy(idx.begin(), idx.end(), r.indices(s));
     r.set_state(s, SlotState::kPosted);
-    // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
-    r.queue(options_.assign_in_turn ? 1 + static_cast<uint32_t>(next_post_ % options_.num_workers) : 0).post(s);
+    r.queue(queue).post(s);
     inflight_.push_back(s);
-    ++next_post_;
-  }
-}
-
-std::string Loader::describe_holder(uint32_t slot) const {
-  const BatchRing& r = ring_->ring;
-  if (r.state(slot) == SlotState::kPosted) {
-    std::string who;
-    for (uint32_t w = 0; w < static_cast<uint32_t>(options_.num_workers); ++w) {
-      const pid_t pid = r.worker(w).pid.load();
-      who += (w ? ", " : "") + std::to_string(w) + " (pid " + std::to_string(pid) + ") " + process_state(pid);
-    }
-    return "not yet claimed by a worker (workers: " + who + ")";
-  }
-  const int w = r.slot(slot).worker;
-  if (w < 0 || w >= options_.num_workers) return "in an unknown state";
-  const WorkerRecord& rec = r.worker(static_cast<uint32_t>(w));
-  const pid_t pid = rec.pid.load();
-  return "held by worker " + std::to_string(w) + " (pid " + std::to_string(pid) + ", " + process_state(pid) +
-         ") at sample index " + std::to_string(rec.sample_index.load());
-}
-
-void Loader::fail_closed(const std::string& message, bool timeout) {
-  broken_ = message;
-  broken_timeout_ = timeout;
-  // Idle workers see the closed queue at once; one that is stuck or crashed
-  // gets no long grace period.
-  stop_workers(std::chrono::milliseconds(100));
-  if (timeout) throw LoaderTimeoutError(message);
-  throw WorkerDiedError(message);
-}
-
-void Loader::check_workers() {
-  if (!pool_) return;  // threads do not exit on their own
-  auto e = pool_->poll_exit();
-  if (!e) return;
-  {
-    std::lock_guard lock(pids_mu_);
-    exits_ = pool_->exits();
-  }
-  const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
-  const int64_t batch = rec.batch_id.load();
-  std::string doing = "while idle";
-  if (batch >= 0) {
-    const int64_t sample = rec.sample_index.load();
-    doing = "while producing batch " + std::to_string(batch) + " " +
-            describe_batch(static_cast<std::size_t>(batch)) +
-            (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
-  }
-  fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
-                  e->describe() + " " + doing +
-                  ". The loader is closed; start a new iteration to continue. A signal usually means the "
-                  "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
-              false);
-}
-
-std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& poll) {
-  const BatchRing& r = ring_->ring;
-  if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
-  auto& completed = r.header().completed;
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    if (closed()) return std::nullopt;
-    const uint32_t seq = completed.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < inflight_.size(); ++i) {
-      const SlotState st = r.state(inflight_[i]);
-      if (st == SlotState::kReady || st == SlotState::kFailed) {
-        const uint32_t s = inflight_[i];
-        inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
-        return s;
-      }
-      if (options_.in_order) break;  // only the oldest batch may be delivered
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_check_ >= kSupervisePeriod) {
-      last_check_ = now;
-      check_workers();
-      if (poll) poll();
-    }
-    if (options_.timeout.count() > 0 && now - start >= options_.timeout) {
-      const uint32_t s = inflight_.front();
-      const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
-      fail_closed("spindle: DataLoader timed out after " + seconds(options_.timeout) +
-                      " seconds: no batch arrived; waiting for batch " + std::to_string(b) + " " +
-                      describe_batch(b) + ", " + describe_holder(s) +
-                      ". Raise timeout, or find out why this sample is slow. The loader is closed.",
-                  true);
-    }
-    detail::futex_wait(&completed, seq, kSupervisePeriod);
   }
 }
 

@@ -66,7 +66,7 @@ TEST(ArenaCap, LoaderWithZeroExtraThreadsCapsTbbAtOne) {
   const std::size_t uncapped = tbb_cap();
   testing::TempDir fake_proc;
   {
-    Loader loader(options_for(fake_proc, 4, 0), batches(4), zeros());
+    Loader loader(options_for(fake_proc, 4, 0), batches(4), Launcher::fork(zeros()));
     ASSERT_EQ(loader.plan().arena_threads, 0);
     EXPECT_EQ(Arena::global().extra_threads(), 0);
     EXPECT_EQ(tbb_cap(), 1u);
@@ -123,18 +123,18 @@ TEST(ArenaLeases, MovingALeaseMovesTheShare) {
 // than one loader could), and the arena shrinks back when they go.
 TEST(ArenaLeases, TwoLoadersEachKeepWhatTheyWereGrantedWithinOneLimit) {
   testing::TempDir fake_proc;
-  Loader train(options_for(fake_proc, 8, 2), batches(4), zeros());
+  Loader train(options_for(fake_proc, 8, 2), batches(4), Launcher::fork(zeros()));
   {
-    Loader eval(options_for(fake_proc, 8, 3), batches(4), zeros());
+    Loader eval(options_for(fake_proc, 8, 3), batches(4), Launcher::fork(zeros()));
     EXPECT_EQ(train.plan().arena_threads, 2);
     EXPECT_EQ(eval.plan().arena_threads, 3);
     EXPECT_EQ(Arena::global().extra_threads(), 5) << "the last loader built must not resize the other's share";
     EXPECT_EQ(tbb_cap(), 6u);
-    Loader third(options_for(fake_proc, 8, 7), batches(4), zeros());
+    Loader third(options_for(fake_proc, 8, 7), batches(4), Launcher::fork(zeros()));
     EXPECT_EQ(third.plan().arena_threads, 2) << "its budget allows 7, but 5 of cpus - 1 = 7 are held";
     EXPECT_EQ(Arena::global().extra_threads(), 7);
     EXPECT_EQ(BudgetLedger::global().local_arena_threads(), 7) << "the ledger holds what the arena runs";
-    Loader fourth(options_for(fake_proc, 8, 7), batches(4), zeros());
+    Loader fourth(options_for(fake_proc, 8, 7), batches(4), Launcher::fork(zeros()));
     EXPECT_EQ(fourth.plan().arena_threads, 0);
     EXPECT_EQ(Arena::global().extra_threads(), 7);
   }
@@ -148,7 +148,7 @@ TEST(ArenaLeases, TwoLoadersEachKeepWhatTheyWereGrantedWithinOneLimit) {
 TEST(ArenaLeases, CloseGivesTheLeasesBackAtOnce) {
   const std::size_t uncapped = tbb_cap();
   testing::TempDir fake_proc;
-  Loader loader(options_for(fake_proc, 4, 2), batches(4), zeros());
+  Loader loader(options_for(fake_proc, 4, 2), batches(4), Launcher::fork(zeros()));
   ASSERT_EQ(Arena::global().extra_threads(), 2);
   ASSERT_GT(BudgetLedger::global().local_pending(), 0);
   auto batch = loader.next();
@@ -168,11 +168,11 @@ TEST(ArenaLeases, CloseGivesTheLeasesBackAtOnce) {
 // by exactly its loader's share.
 TEST(ArenaLeases, ThreadsModeWorkersAreTheirLoadersShare) {
   testing::TempDir fake_proc;
-  Loader processes(options_for(fake_proc, 4, 2), batches(8), zeros());
+  Loader processes(options_for(fake_proc, 4, 2), batches(8), Launcher::fork(zeros()));
   LoaderOptions o = options_for(fake_proc, 4, 3);
   o.num_workers = 2;
   o.max_threads = 2 + ThreadBudget::kReserve + 3;
-  Loader threads(o, batches(8), zeros(), ArenaThreads{});
+  Loader threads(o, batches(8), Launcher::threads(zeros()));
   EXPECT_EQ(threads.plan().num_workers, 2);
   EXPECT_EQ(threads.plan().arena_threads, 1) << "2 of cpus - 1 = 3 copy-out threads are held";
   EXPECT_EQ(Arena::global().extra_threads(), 2 + 1 + 2);

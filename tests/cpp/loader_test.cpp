@@ -122,7 +122,7 @@ void expect_workers_reaped(const std::vector<pid_t>& pids) {
 TEST(LoaderDelivery, DeliversEverySampleOnceInOrder) {
   const auto batches = make_batches(1000, 32);  // 31 full batches and one of 8
   LoaderOptions o = options(2, 32);
-  Loader loader(o, batches, sample_worker(fill_sample, kSampleBytes));
+  Loader loader(o, batches, Launcher::fork(sample_worker(fill_sample, kSampleBytes)));
   EXPECT_EQ(loader.num_batches(), batches.size());
   EXPECT_EQ(loader.plan().num_workers, 2);
   EXPECT_TRUE(spindle_shm_names(getpid()).empty()) << "the ring must have no name while in use";
@@ -146,10 +146,10 @@ TEST(LoaderDelivery, DeliversEverySampleOnceOutOfOrder) {
   const int64_t slow = batches[0][0];  // the first sample of batch 0 takes a while
   LoaderOptions o = options(2, 16);
   o.in_order = false;
-  Loader loader(o, batches, sample_worker([slow](int64_t i, std::span<std::byte> out) {
+  Loader loader(o, batches, Launcher::fork(sample_worker([slow](int64_t i, std::span<std::byte> out) {
     if (i == slow) std::this_thread::sleep_for(500ms);
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   std::vector<int> seen(600, 0), ids(batches.size(), 0);
   std::vector<int64_t> order;
   while (auto b = loader.next()) {
@@ -171,7 +171,7 @@ TEST(LoaderDelivery, KeptBatchesAreNeverCorrupted) {
   const auto batches = make_batches(640, 16);  // 40 batches
   std::vector<Batch> kept;
   {
-    Loader loader(options(2, 16), batches, sample_worker(fill_sample, kSampleBytes));
+    Loader loader(options(2, 16), batches, Launcher::fork(sample_worker(fill_sample, kSampleBytes)));
     ASSERT_LT(loader.num_slots(), batches.size()) << "the test needs more batches than slots";
     while (auto b = loader.next()) {
       ASSERT_TRUE(batch_is_intact(*b, batches[static_cast<std::size_t>(b->batch_id())]));
@@ -197,10 +197,10 @@ TEST(LoaderErrors, ThrowingSampleFailsItsBatchAndIterationContinues) {
   std::size_t bad_batch = 0;
   for (std::size_t b = 0; b < batches.size(); ++b)
     if (std::count(batches[b].begin(), batches[b].end(), kBad)) bad_batch = b;
-  Loader loader(options(2, 20), batches, sample_worker([](int64_t i, std::span<std::byte> out) {
+  Loader loader(options(2, 20), batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
     if (i == kBad) throw std::runtime_error("cannot decode this one");
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   const auto pids = loader.worker_pids();
 
   std::vector<int> seen(500, 0);
@@ -241,14 +241,14 @@ TEST(LoaderSupervision, WorkerThatKillsItselfRaisesWorkerDiedErrorWithinOneSecon
   for (std::size_t b = 0; b < batches.size(); ++b)
     if (std::count(batches[b].begin(), batches[b].end(), kFatal)) fatal_batch = b;
 
-  Loader loader(options(2, 32), batches, sample_worker([note](int64_t i, std::span<std::byte> out) {
+  Loader loader(options(2, 32), batches, Launcher::fork(sample_worker([note](int64_t i, std::span<std::byte> out) {
     if (i == kFatal) {
       note->pid.store(getpid());
       note->at_ns.store(Clock::now().time_since_epoch().count());
       raise(SIGKILL);
     }
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   const auto pids = loader.worker_pids();
 
   std::string message;
@@ -278,13 +278,13 @@ TEST(LoaderSupervision, WorkerKilledWhileSleepingRaisesWorkerDiedErrorWithinOneS
   const auto batches = make_batches(400, 10);
   const int64_t kSlow = batches[3][4];
   Pipe pipe;
-  Loader loader(options(2, 10), batches, sample_worker([&pipe, kSlow](int64_t i, std::span<std::byte> out) {
+  Loader loader(options(2, 10), batches, Launcher::fork(sample_worker([&pipe, kSlow](int64_t i, std::span<std::byte> out) {
     if (i == kSlow) {
       pipe.send(getpid());
       std::this_thread::sleep_for(30s);
     }
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   const auto pids = loader.worker_pids();
   const pid_t victim = pipe.receive(10s);
   ASSERT_NE(victim, 0) << "no worker reached the slow sample";
@@ -314,11 +314,11 @@ TEST(LoaderSupervision, WorkerKilledWhileSleepingRaisesWorkerDiedErrorWithinOneS
 TEST(LoaderSupervision, WorkerDiedErrorIsPromptWhileOtherWorkersAreBusy) {
   const auto batches = make_batches(40, 1);  // every sample sleeps; one per batch
   Pipe pipe;
-  Loader loader(options(2, 1), batches, sample_worker([&pipe](int64_t i, std::span<std::byte> out) {
+  Loader loader(options(2, 1), batches, Launcher::fork(sample_worker([&pipe](int64_t i, std::span<std::byte> out) {
     pipe.send(getpid());
     std::this_thread::sleep_for(30s);
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   const auto pids = loader.worker_pids();
   const pid_t first = pipe.receive(10s), second = pipe.receive(10s);
   ASSERT_NE(first, 0);
@@ -338,10 +338,10 @@ TEST(LoaderSupervision, SlowSampleRaisesLoaderTimeoutErrorNamingWorkerAndSample)
   const int64_t kSlow = batches[1][1];
   LoaderOptions o = options(1, 4);
   o.timeout = 300ms;
-  Loader loader(o, batches, sample_worker([kSlow](int64_t i, std::span<std::byte> out) {
+  Loader loader(o, batches, Launcher::fork(sample_worker([kSlow](int64_t i, std::span<std::byte> out) {
     if (i == kSlow) std::this_thread::sleep_for(30s);
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   const auto pids = loader.worker_pids();
   auto first = loader.next();
   ASSERT_TRUE(first.has_value());
@@ -373,9 +373,9 @@ TEST(LoaderSupervision, NoWorkerOutlivesAKilledConsumer) {
   ASSERT_GE(consumer, 0);
   if (consumer == 0) {
     try {
-      Loader loader(options(kWorkers, 1), make_batches(8, 1), sample_worker([](int64_t, std::span<std::byte>) {
+      Loader loader(options(kWorkers, 1), make_batches(8, 1), Launcher::fork(sample_worker([](int64_t, std::span<std::byte>) {
         std::this_thread::sleep_for(60s);
-      }, kSampleBytes));
+      }, kSampleBytes)));
       for (pid_t pid : loader.worker_pids()) pipe.send(pid);
       (void)loader.next();  // blocks until the test kills this process
     } catch (...) {
@@ -404,10 +404,10 @@ TEST(LoaderSupervision, NoWorkerOutlivesAKilledConsumer) {
 // Proves: each worker process runs exactly one thread while it works.
 TEST(LoaderProcesses, EachWorkerHasExactlyOneThread) {
   const auto batches = make_batches(400, 8);
-  Loader loader(options(2, 8), batches, sample_worker([](int64_t i, std::span<std::byte> out) {
+  Loader loader(options(2, 8), batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
     std::this_thread::sleep_for(1ms);
     fill_sample(i, out);
-  }, kSampleBytes));
+  }, kSampleBytes)));
   auto b = loader.next();  // the workers are up and producing
   ASSERT_TRUE(b.has_value());
   const auto pids = loader.worker_pids();
@@ -428,7 +428,7 @@ TEST(LoaderProcesses, ThreadBudgetErrorComesBeforeAnyFork) {
   hooks.before_fork = [&forks] { ++forks; };
   std::string message;
   try {
-    Loader loader(o, make_batches(64, 8), sample_worker(fill_sample, kSampleBytes), hooks);
+    Loader loader(o, make_batches(64, 8), Launcher::fork(sample_worker(fill_sample, kSampleBytes), hooks));
     FAIL() << "4 workers fit a budget of 2";
   } catch (const ThreadBudgetError& e) {
     message = e.what();
@@ -459,7 +459,7 @@ TEST(LoaderConcurrency, CloseFromAnotherThreadEndsAWaitingNext) {
           fill_sample(index, out);
         },
         kSampleBytes);
-    Loader loader(options(2, 4), make_batches(4000, 4), body);
+    Loader loader(options(2, 4), make_batches(4000, 4), Launcher::fork(body));
     const std::vector<pid_t> pids = loader.worker_pids();
     std::thread closer([&] {
       std::this_thread::sleep_for(hang ? 200ms : 1ms);
@@ -491,7 +491,7 @@ TEST(LoaderSupervision, APollHookThatThrowsLeavesTheLoaderUsable) {
       },
       kSampleBytes);
   const auto batches = std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}};
-  Loader loader(options(1, 2), batches, body);
+  Loader loader(options(1, 2), batches, Launcher::fork(body));
   struct Interrupted {};
   const auto start = Clock::now();
   EXPECT_THROW(loader.next([] { throw Interrupted{}; }), Interrupted);
@@ -507,7 +507,7 @@ TEST(LoaderSupervision, APollHookThatThrowsLeavesTheLoaderUsable) {
 namespace spindle {
 namespace {
 
-// Proves: ArenaThreads mode delivers the same batches, bytes for bytes, as forked workers,
+// Proves: Launcher::threads (arena threads) delivers the same batches, bytes for bytes, as forked workers,
 // forks nothing (no worker pids), runs its workers on arena threads of this process, and
 // close() ends them.
 TEST(LoaderThreads, ArenaThreadsDeliverTheSameBatchesAsProcesses) {
@@ -515,12 +515,12 @@ TEST(LoaderThreads, ArenaThreadsDeliverTheSameBatchesAsProcesses) {
   auto body = sample_worker(fill_sample, kSampleBytes);
   std::vector<std::vector<std::byte>> from_processes, from_threads;
   {
-    Loader loader(options(2, 16), batches, body);
+    Loader loader(options(2, 16), batches, Launcher::fork(body));
     while (auto b = loader.next()) from_processes.emplace_back(b->data().begin(), b->data().end());
   }
   const std::size_t threads_before = spindle::testing::thread_count();
   {
-    Loader loader(options(2, 16), batches, body, ArenaThreads{});
+    Loader loader(options(2, 16), batches, Launcher::threads(body));
     EXPECT_TRUE(loader.worker_pids().empty());
     std::size_t i = 0;
     while (auto b = loader.next()) {
@@ -545,7 +545,7 @@ namespace {
 TEST(LoaderProcesses, WorkersSurviveTheExitOfTheThreadThatForkedThem) {
   const auto batches = make_batches(2000, 8);
   std::unique_ptr<Loader> loader;
-  std::thread creator([&] { loader = std::make_unique<Loader>(options(2, 8), batches, sample_worker(fill_sample, kSampleBytes)); });
+  std::thread creator([&] { loader = std::make_unique<Loader>(options(2, 8), batches, Launcher::fork(sample_worker(fill_sample, kSampleBytes))); });
   creator.join();  // the forking thread is gone
   std::this_thread::sleep_for(200ms);
   std::size_t i = 0;

@@ -54,7 +54,7 @@ spindle::LoaderOptions options(int workers, int prefetch) {
 // loader ends when every stream has ended.
 TEST(RoundRobin, BatchesAlternateOverLiveWorkersUntilEveryStreamEnds) {
   for (int prefetch : {1, 2, 4}) {
-    spindle::Loader loader(options(3, prefetch), spindle::BatchPlan{}, stream_worker);
+    spindle::Loader loader(options(3, prefetch), spindle::BatchPlan{}, spindle::Launcher::fork(stream_worker));
     std::vector<int32_t> firsts;
     std::vector<std::size_t> counts;
     while (auto b = loader.next()) {
@@ -70,11 +70,11 @@ TEST(RoundRobin, BatchesAlternateOverLiveWorkersUntilEveryStreamEnds) {
 // Proves: a stream loader takes no planned epoch (reset), and a loader of
 // planned batches has no streams to restart (reset_streams).
 TEST(RoundRobin, EachKindOfResetIsRefusedByTheOtherKindOfLoader) {
-  spindle::Loader streams(options(2, 1), spindle::BatchPlan{}, stream_worker);
+  spindle::Loader streams(options(2, 1), spindle::BatchPlan{}, spindle::Launcher::fork(stream_worker));
   EXPECT_THROW(streams.reset(spindle::BatchPlan{}), std::logic_error);
   spindle::LoaderOptions o = options(2, 1);
   o.round_robin = false;
-  spindle::Loader planned(o, std::vector<std::vector<int64_t>>{{0}, {1}}, stream_worker);
+  spindle::Loader planned(o, std::vector<std::vector<int64_t>>{{0}, {1}}, spindle::Launcher::fork(stream_worker));
   EXPECT_THROW(planned.reset_streams(), std::logic_error);
 }
 
@@ -137,7 +137,7 @@ spindle::LoaderOptions restart_options(int workers, int prefetch) {
 // (the old epoch's batches are discarded), with batch 0 asked of first_worker.
 TEST(RoundRobin, ResetStreamsRestartsEveryStreamOnTheSameWorkers) {
   for (int prefetch : {1, 3}) {
-    spindle::Loader loader(restart_options(2, prefetch), spindle::BatchPlan{}, restartable_worker);
+    spindle::Loader loader(restart_options(2, prefetch), spindle::BatchPlan{}, spindle::Launcher::fork(restartable_worker));
     const auto pids = loader.worker_pids();
     const std::vector<int32_t> epoch{0, 1000, 1, 1001, 2, 1002};
     Drawn first = drain(loader);
@@ -166,7 +166,7 @@ TEST(RoundRobin, ResetStreamsRestartsEveryStreamOnTheSameWorkers) {
 TEST(RoundRobin, ResetStreamsHandsEachWorkerItsStartMessage) {
   spindle::LoaderOptions o = restart_options(2, 2);
   o.max_batch_bytes = 1 << 20;
-  spindle::Loader loader(o, spindle::BatchPlan{}, restartable_worker);
+  spindle::Loader loader(o, spindle::BatchPlan{}, spindle::Launcher::fork(restartable_worker));
   drain(loader, 1);
   std::string big = "20";
   big.resize(150000, ' ');  // stoi stops at the first space; 150 kB: one more batch
@@ -198,7 +198,7 @@ TEST(RoundRobin, ResetStreamsTakesBackUnclaimedItems) {
     }
     return 0;
   };
-  spindle::Loader loader(restart_options(1, 4), spindle::BatchPlan{}, slow);
+  spindle::Loader loader(restart_options(1, 4), spindle::BatchPlan{}, spindle::Launcher::fork(slow));
   ASSERT_TRUE(loader.next());
   loader.reset_streams();
   const int32_t before = count->load();
@@ -213,7 +213,7 @@ TEST(RoundRobin, ResetStreamsTakesBackUnclaimedItems) {
 // exit code of 0 for workers that stopped at close(), the signal for one that
 // was killed; the record outlives close().
 TEST(RoundRobin, WorkerExitsAreRecordedWhenWorkersAreReaped) {
-  spindle::Loader loader(restart_options(2, 1), spindle::BatchPlan{}, restartable_worker);
+  spindle::Loader loader(restart_options(2, 1), spindle::BatchPlan{}, spindle::Launcher::fork(restartable_worker));
   drain(loader, 1);
   const auto running = loader.worker_exits();
   ASSERT_EQ(running.size(), 2u);
@@ -226,7 +226,7 @@ TEST(RoundRobin, WorkerExitsAreRecordedWhenWorkersAreReaped) {
     EXPECT_FALSE(e->signaled);
     EXPECT_EQ(e->code, 0);
   }
-  spindle::Loader killed(restart_options(2, 1), spindle::BatchPlan{}, restartable_worker);
+  spindle::Loader killed(restart_options(2, 1), spindle::BatchPlan{}, spindle::Launcher::fork(restartable_worker));
   const pid_t victim = killed.worker_pids()[1];
   kill(victim, SIGKILL);
   EXPECT_THROW(drain(killed), spindle::WorkerDiedError);
@@ -255,7 +255,7 @@ TEST(RoundRobin, AssignInTurnSendsBatchKToWorkerKModN) {
     }
     return 0;
   };
-  spindle::Loader loader(o, plan, who);
+  spindle::Loader loader(o, plan, spindle::Launcher::fork(who));
   int64_t k = 0;
   while (auto b = loader.next()) {
     EXPECT_EQ(*reinterpret_cast<const int32_t*>(b->data().data()), k % 3) << "batch " << k;
@@ -268,7 +268,7 @@ TEST(RoundRobin, AssignInTurnSendsBatchKToWorkerKModN) {
 // (a watchdog, a Process-like view) while the iterating thread delivers,
 // restarts streams and closes the loader (run under ThreadSanitizer).
 TEST(RoundRobinConcurrency, WorkerExitsAreReadableFromAnotherThreadWhileTheLoaderRunsAndCloses) {
-  spindle::Loader loader(restart_options(2, 2), spindle::BatchPlan{}, restartable_worker);
+  spindle::Loader loader(restart_options(2, 2), spindle::BatchPlan{}, spindle::Launcher::fork(restartable_worker));
   std::atomic<bool> stop{false};
   std::atomic<bool> reading{false};
   std::size_t reads = 0;

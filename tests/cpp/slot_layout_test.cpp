@@ -90,7 +90,7 @@ TEST(SlotLayout, TypedBatchesOfGrowingSizeArriveIntactThroughALoader) {
     }
     return 0;
   };
-  Loader loader(o, batches, body);
+  Loader loader(o, batches, Launcher::fork(body));
   std::vector<Batch> kept;
   while (auto b = loader.next()) {
     const int64_t width = 1000 * (b->batch_id() + 1) * (b->batch_id() + 1);
@@ -169,7 +169,7 @@ TEST(SlotLayout, PutRowsCopiesSampleMajorRowsIntoTheFieldBlocks) {
     return 0;
   };
   const std::vector<std::vector<int64_t>> batches{{0, 1, 2, 3}, {4, 5, 6, 7}};
-  Loader loader(o, batches, body);
+  Loader loader(o, batches, Launcher::fork(body));
   std::size_t seen = 0;
   while (auto b = loader.next()) {
     EXPECT_EQ(b->count(), b->batch_id() == 1 ? 3u : 4u);
@@ -206,7 +206,7 @@ TEST(SlotLayout, PutRowCopiesOneSampleIntoItsRowOfEveryField) {
     return 0;
   };
   const std::vector<std::vector<int64_t>> batches{{0, 1, 2, 3}, {4, 5, 6}};
-  Loader loader(o, batches, body);
+  Loader loader(o, batches, Launcher::fork(body));
   std::size_t seen = 0;
   while (auto b = loader.next()) {
     expect_sample_rows(*b, "row", 0.25f);

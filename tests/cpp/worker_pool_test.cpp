@@ -111,7 +111,7 @@ struct TestRing {
 TEST(WorkerPoolPids, ShutdownSparesTheReusedPidOfAForkedWorker) {
   if (!kernel_has_pidfds()) GTEST_SKIP() << "no pidfd_open here: the pool uses pids";
   expect_ok(run_in_pid_namespace([] {
-    WorkerPool pool(1, [](int) { return 0; }, ForkHooks{});
+    WorkerPool pool(1, forked_workers([](int) { return 0; }, ForkHooks{}));
     return reaped_elsewhere_then_reused(pool);
   }));
 }
@@ -121,7 +121,7 @@ TEST(WorkerPoolPids, ShutdownSparesTheReusedPidOfASpawnedWorker) {
   if (!kernel_has_pidfds()) GTEST_SKIP() << "no pidfd_open here: the pool uses pids";
   expect_ok(run_in_pid_namespace([] {
     const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    WorkerPool pool(1, SpawnSpec{{"/bin/true"}, {}}, fd);
+    WorkerPool pool(1, spawned_workers(SpawnSpec{{"/bin/true"}, {}}, fd));
     close(fd);
     return reaped_elsewhere_then_reused(pool);
   }));
@@ -134,8 +134,8 @@ TEST(WorkerPoolPids, ZygotePoolSparesTheReusedPidOfItsReapedWorker) {
   expect_ok(run_in_pid_namespace([]() -> std::string {
     Zygote zygote(quit_and_idle());
     TestRing test(2);
-    WorkerPool quitting(1, zygote, "quit", test.segment.fd());
-    WorkerPool idle(1, zygote, "idle", test.segment.fd());
+    WorkerPool quitting(1, zygote_workers(zygote, "quit", test.segment.fd()));
+    WorkerPool idle(1, zygote_workers(zygote, "idle", test.segment.fd()));
     const pid_t pid = quitting.pids().at(0);
     if (!eventually(5s, [&] { return kill(pid, 0) != 0 && errno == ESRCH; }))
       return "the zygote did not reap its worker";
@@ -198,7 +198,7 @@ TEST(WorkerPoolStart, ABeforeForkHookThatThrowsStopsTheWorkersAlreadyStarted) {
     pause();
     return 0;
   };
-  EXPECT_THROW(WorkerPool(4, child, hooks), std::runtime_error);
+  EXPECT_THROW(WorkerPool(4, forked_workers(child, hooks)), std::runtime_error);
   close(fds[0]);
   close(fds[1]);
   ASSERT_EQ(started.size(), 2u);

@@ -84,7 +84,7 @@ struct LockHolder {
 // holds at loader start is free in them and every batch arrives intact.
 TEST(Zygote, WorkersDoNotInheritLocksHeldByOtherThreads) {
   LockHolder holder;
-  spindle::Loader loader(options(), batches(200, 16), *g_zygote, "locked");
+  spindle::Loader loader(options(), batches(200, 16), spindle::Launcher::zygote(*g_zygote, "locked"));
   int64_t seen = 0;
   while (auto b = loader.next()) {
     for (std::size_t i = 0; i < b->indices().size(); ++i)
@@ -99,14 +99,14 @@ TEST(Zygote, WorkersDoNotInheritLocksHeldByOtherThreads) {
 // multithreaded process inherits g_lock held and cannot produce its batch.
 TEST(Zygote, DirectForkInheritsTheHeldLock) {
   LockHolder holder;
-  spindle::Loader loader(options(), batches(16, 16), spindle::sample_worker(locked_sample, kSampleBytes));
+  spindle::Loader loader(options(), batches(16, 16), spindle::Launcher::fork(spindle::sample_worker(locked_sample, kSampleBytes)));
   EXPECT_THROW(loader.next(), spindle::BatchFailedError);
 }
 
 // Proves: the death of a zygote-forked worker (not our child) is still
 // reported within a second with its pid, signal and sample.
 TEST(Zygote, DeathOfAZygoteWorkerIsReported) {
-  spindle::Loader loader(options(), batches(200, 16), *g_zygote, "crashing");
+  spindle::Loader loader(options(), batches(200, 16), spindle::Launcher::zygote(*g_zygote, "crashing"));
   const auto start = std::chrono::steady_clock::now();
   try {
     while (loader.next()) {
@@ -123,8 +123,8 @@ TEST(Zygote, DeathOfAZygoteWorkerIsReported) {
 // kill -9 of a worker of loader A, A reports that worker's signal 9 while B,
 // which polled the zygote in the meantime, delivers every batch untroubled.
 TEST(Zygote, TwoLoadersOnOneZygoteEachGetTheirOwnWorkersExits) {
-  spindle::Loader a(options(), batches(3200, 16), *g_zygote, "slow");
-  spindle::Loader b(options(), batches(640, 16), *g_zygote, "slow");
+  spindle::Loader a(options(), batches(3200, 16), spindle::Launcher::zygote(*g_zygote, "slow"));
+  spindle::Loader b(options(), batches(640, 16), spindle::Launcher::zygote(*g_zygote, "slow"));
   ASSERT_TRUE(a.next().has_value());
   const pid_t victim = a.worker_pids().at(0);
   ASSERT_EQ(kill(victim, SIGKILL), 0);
@@ -158,7 +158,7 @@ TEST(Zygote, TwoLoadersOnOneZygoteEachGetTheirOwnWorkersExits) {
 // Proves: an unknown worker main is refused with its name.
 TEST(Zygote, UnknownMainIsRefusedByName) {
   try {
-    spindle::Loader loader(options(), batches(16, 16), *g_zygote, "nope");
+    spindle::Loader loader(options(), batches(16, 16), spindle::Launcher::zygote(*g_zygote, "nope"));
     FAIL() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::strstr(e.what(), "'nope'"), nullptr) << e.what();

@@ -23,15 +23,11 @@
 #include <string_view>
 #include <vector>
 
-#include <spindle/detail/arena.hpp>
 #include <spindle/batch_plan.hpp>
-#include <spindle/detail/budget_ledger.hpp>
-#include <spindle/detail/batch_ring.hpp>
+#include <spindle/launcher.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
 #include <spindle/worker_context.hpp>
-#include <spindle/detail/worker_pool.hpp>
-#include <spindle/zygote.hpp>
 
 namespace spindle {
 
@@ -71,12 +67,9 @@ struct LoaderOptions {
 };
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
-
-// Workers as threads of the one arena in this process instead of processes
-// (no fork): the same ring, protocol and batches; the threads count against
-// the same budget. For native worker bodies that release no GIL and need no
-// isolation from a crashing decoder.
-struct ArenaThreads {};
+struct LoaderLeases;  // the loader's shares of the arena and of the node's budget
+class WorkerPool;
+class ArenaJobs;
 
 // A delivered batch: a lease on a ring slot (or, if copied out, its own
 // buffer). The slot returns to the ring when the Batch is destroyed, even if
@@ -128,21 +121,13 @@ class Batch {
 
 class Loader {
  public:
-  // Checks the thread budget, creates the ring, forks the workers. `batches`
-  // holds the sample indices of every batch, in delivery order.
-  Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main,
-         const ForkHooks& hooks = {});
-  // The same, with workers forked by `zygote` running its main named `main`
-  // (for a caller that is already multithreaded; see zygote.hpp). The zygote
-  // must outlive the loader.
-  Loader(const LoaderOptions& options, BatchPlan batches, Zygote& zygote,
-         const std::string& main);
-  // The same, with workers started as new programs (see SpawnSpec).
-  Loader(const LoaderOptions& options, BatchPlan batches, const SpawnSpec& spawn);
-  // The same, with worker w running worker_main on an arena thread of this
-  // process. A worker cannot be killed: close() waits for the batches being
-  // filled, and a crash in worker_main is a crash of this process.
-  Loader(const LoaderOptions& options, BatchPlan batches, WorkerMain worker_main, ArenaThreads);
+  // Checks the thread budget, creates the ring, starts the workers as
+  // `launcher` says (forks, zygote forks, new programs or arena threads; see
+  // launcher.hpp). `batches` holds the sample indices of every batch, in
+  // delivery order. With Launcher::threads a worker cannot be killed: close()
+  // waits for the batches being filled, and a crash in the worker body is a
+  // crash of this process.
+  Loader(const LoaderOptions& options, BatchPlan batches, Launcher launcher);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
@@ -194,7 +179,8 @@ class Loader {
   int64_t copied_out() const noexcept { return copied_out_; }
 
  private:
-  void prepare(bool threads = false);
+  void prepare(bool threads);
+  void launch(Launcher& launcher);
   void check_batches(const BatchPlan& batches) const;
   void rethrow_if_broken() const;
   void start();
@@ -209,19 +195,17 @@ class Loader {
 
   LoaderOptions options_;
   ThreadPlan plan_;
-  // Its share of the arena: plan_.arena_threads (+ the workers in threads
-  // mode); given back by close().
-  ArenaLease arena_lease_;
-  // This loader's share of the node's budget: pending until the workers are
-  // forked, then only the arena threads; given back by close(), once the
+  // Its share of the arena (plan_.arena_threads, + the workers in threads
+  // mode) and of the node's budget (pending until the workers are started,
+  // then only the arena threads); both given back by close(), once the
   // workers are reaped.
-  LedgerLease ledger_lease_;
+  std::unique_ptr<LoaderLeases> leases_;
   int requested_workers_ = 0;
   std::string budget_note_;
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<WorkerPool> pool_;      // worker processes, or
-  std::unique_ptr<ArenaJobs> threads_;    // worker threads (ArenaThreads)
+  std::unique_ptr<ArenaJobs> threads_;    // worker threads (Launcher::threads)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream

@@ -28,6 +28,18 @@ struct BudgetSources {
   std::optional<int64_t> user_cap;       // optional cap on tasks the loader adds
 };
 
+// What a loader does when fewer tasks are available than it asked for.
+enum class BudgetPolicy {
+  kShrink,  // run with as many workers as fit (at least 1; with none free, retried for
+            // kSettle while other leases are pending), one warning with the numbers
+  kWait,    // poll the ledger until enough tasks are free, up to the loader's timeout
+  kFail,    // throw ThreadBudgetError at once
+};
+
+// Parses "shrink" / "wait" / "fail"; throws std::invalid_argument otherwise.
+BudgetPolicy parse_budget_policy(const std::string& name);
+const char* budget_policy_name(BudgetPolicy p) noexcept;
+
 // A quantity that may be unlimited.
 inline constexpr int64_t kUnlimited = INT64_MAX;
 

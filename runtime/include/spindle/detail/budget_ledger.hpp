@@ -49,17 +49,7 @@
 
 namespace spindle {
 
-// What a loader does when fewer tasks are available than it asked for.
-enum class BudgetPolicy {
-  kShrink,  // run with as many workers as fit (at least 1; with none free, retried for
-            // kSettle while other leases are pending), one warning with the numbers
-  kWait,    // poll the ledger until enough tasks are free, up to the loader's timeout
-  kFail,    // throw ThreadBudgetError at once
-};
-
-// Parses "shrink" / "wait" / "fail"; throws std::invalid_argument otherwise.
-BudgetPolicy parse_budget_policy(const std::string& name);
-const char* budget_policy_name(BudgetPolicy p) noexcept;
+// BudgetPolicy (what a loader does when the budget is short) is public: thread_budget.hpp.
 
 // One lease as stored in the node table (for `spindle doctor` and tests).
 struct LeaseInfo {

@@ -1,15 +1,18 @@
 #pragma once
-// WorkerPool: starts the worker processes and supervises them.
+// WorkerPool: starts the worker processes and supervises them. Not API: a
+// Loader builds its pool from the Launcher it was given (launcher.hpp).
 //
-// Workers are either forked here (the default) or forked by a Zygote (for a
-// native caller that is already multithreaded; see zygote.hpp).
+// How workers are started, reaped and killed is a WorkerProcesses strategy:
+// forked here, spawned here (both our children), or forked by a Zygote (its
+// children). The pool itself only keeps the pids and how each worker ended.
 //
-// Each worker is a fork of the consumer with exactly one thread (fork copies
-// only the calling thread). The child asks the kernel to SIGKILL it when the
-// consumer dies (PR_SET_PDEATHSIG) and also polls getppid() while idle, so no
-// worker outlives its consumer. ForkHooks let an embedding runtime keep its
-// own state sane across fork; the Python bindings pass the interpreter's
-// protocol (PyOS_BeforeFork / PyOS_AfterFork_Parent / PyOS_AfterFork_Child).
+// Each forked worker is a fork of the consumer with exactly one thread (fork
+// copies only the calling thread). The child asks the kernel to SIGKILL it
+// when the consumer dies (PR_SET_PDEATHSIG) and also polls getppid() while
+// idle, so no worker outlives its consumer. ForkHooks let an embedding
+// runtime keep its own state sane across fork; the Python bindings pass the
+// interpreter's protocol (PyOS_BeforeFork / PyOS_AfterFork_Parent /
+// PyOS_AfterFork_Child).
 //
 // No signal may reach a pid that was reaped and handed to another process.
 // Forked and spawned workers are held by pidfd (pidfd_open, Linux >= 5.3):
@@ -26,54 +29,51 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <spindle/launcher.hpp>
 
 namespace spindle {
 
 class Zygote;
 
-struct ForkHooks {
-  // May throw: that worker is not forked, the ones before it are stopped and
-  // reaped, and the exception leaves the WorkerPool constructor.
-  std::function<void()> before_fork;
-  std::function<void()> after_fork_parent;
-  std::function<void()> after_fork_child;
+// How a pool's workers are started, reaped and killed.
+class WorkerProcesses {
+ public:
+  virtual ~WorkerProcesses() = default;
+  // Starts worker w of n and returns its pid. Throws (std::system_error with
+  // the errno and the worker) if it cannot; the pool then stops the others.
+  virtual pid_t start(int w, int n) = 0;
+  // Called once every worker is started (or the start failed).
+  virtual void started() noexcept {}
+  // The wait status of worker w (pid `pid`) if it has exited (-1: exited,
+  // status unknown); nullopt while it runs.
+  virtual std::optional<int> try_reap(std::size_t w, pid_t pid) = 0;
+  // Kills the workers not reaped yet (`reaped[w]` false). A strategy that can
+  // also reap them at once reports each through `record`; the others are
+  // reported by try_reap afterwards.
+  virtual void kill_unreaped(std::span<const pid_t> pids, const std::vector<bool>& reaped,
+                             const std::function<void(std::size_t, int)>& record) noexcept = 0;
+  // Gives back what the strategy holds (pidfds, the zygote pool), after shutdown.
+  virtual void release() noexcept = 0;
 };
 
-// A worker started as a new program (posix_spawn) instead of a fork, for
-// callers whose process must not be forked (e.g. CUDA initialized). Worker w
-// runs `argv` + ["--worker", w, "--parent", <consumer pid>] with the segment
-// on descriptor 3 and `fds[i]` on descriptor 4 + i; it attaches with
-// attach_worker() (worker_context.hpp).
-struct SpawnSpec {
-  std::vector<std::string> argv;  // argv[0] is the program path
-  std::vector<int> fds;           // extra descriptors the program reads
-};
-inline constexpr int kSpawnSegmentFd = 3;
-
-// How a worker ended.
-struct WorkerExit {
-  int worker_id = -1;
-  pid_t pid = 0;
-  bool signaled = false;
-  int code = 0;  // signal number if signaled, else exit status
-  // "was killed by signal 9 (Killed)" / "exited with code 3"
-  std::string describe() const;
-};
+// Worker w is a fork running child_main(w) and _exits with its result.
+std::unique_ptr<WorkerProcesses> forked_workers(std::function<int(int)> child_main, ForkHooks hooks);
+// Worker w is the program of `spec` (see SpawnSpec) with `segment_fd` on kSpawnSegmentFd.
+std::unique_ptr<WorkerProcesses> spawned_workers(const SpawnSpec& spec, int segment_fd);
+// Worker w is forked by `zygote` and runs its main `main` over `segment_fd`.
+std::unique_ptr<WorkerProcesses> zygote_workers(Zygote& zygote, std::string main, int segment_fd);
 
 class WorkerPool {
  public:
-  // Forks `n` workers; worker w runs child_main(w) and _exits with its
-  // result. Throws std::system_error (with the errno and the worker that could
-  // not be started) if fork fails; workers already started are killed first.
-  WorkerPool(int n, const std::function<int(int)>& child_main, const ForkHooks& hooks);
-  // Has `zygote` fork `n` workers running its main `main` over `segment_fd`.
-  WorkerPool(int n, Zygote& zygote, const std::string& main, int segment_fd);
-  // Starts `n` workers as new programs (see SpawnSpec).
-  WorkerPool(int n, const SpawnSpec& spec, int segment_fd);
+  // Starts `n` workers through `processes`. If one cannot be started, those
+  // already started are killed and reaped first, then the error leaves here.
+  WorkerPool(int n, std::unique_ptr<WorkerProcesses> processes);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -90,22 +90,15 @@ class WorkerPool {
   int size() const noexcept { return static_cast<int>(pids_.size()); }
 
  private:
-  // The wait status of worker w if it has exited (-1: exited, status unknown).
-  std::optional<int> try_reap(std::size_t w);
   // Marks worker w reaped with wait status `status` (-1: unknown) and records how it ended.
   void record_exit(std::size_t w, int status) noexcept;
-  // Records a started child, with a pidfd for it if the kernel gives one.
-  void add_child(pid_t pid);
-  // Closes the pidfds and gives the zygote pool back (after shutdown).
-  void release_handles() noexcept;
+  // Reaps what has exited until all have or `deadline` passes; true if all have.
+  bool reap_all(std::chrono::steady_clock::time_point deadline) noexcept;
 
+  std::unique_ptr<WorkerProcesses> processes_;
   std::vector<pid_t> pids_;
-  std::vector<int> pidfds_;           // per worker; -1: none (zygote worker, or no pidfd support)
   std::vector<bool> reaped_;
   std::vector<std::optional<WorkerExit>> exits_;  // per worker, set when reaped
-  Zygote* zygote_ = nullptr;          // set when the zygote forked the workers
-  uint32_t zygote_pool_ = 0;          // our pool id on the zygote
-  std::map<pid_t, int> reported_;     // exits the zygote reported, not yet matched
 };
 
 }  // namespace spindle

@@ -1,0 +1,31 @@
+#pragma once
+// What the Loader's source files share and its header only names: the ring's
+// storage (kept alive by every Batch lease) and the loader's leases.
+
+#include <spindle/detail/arena.hpp>
+#include <spindle/detail/batch_ring.hpp>
+#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/detail/shm_segment.hpp>
+
+#include <cstddef>
+#include <string>
+
+namespace spindle {
+
+struct RingStorage {
+  RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what) : segment(bytes, what, reserve) {}
+  ShmSegment segment;
+  BatchRing ring;
+};
+
+struct LoaderLeases {
+  // Its share of the arena: plan_.arena_threads (+ the workers in threads
+  // mode); given back by close().
+  ArenaLease arena;
+  // This loader's share of the node's budget: pending until the workers are
+  // started, then only the arena threads; given back by close(), once the
+  // workers are reaped.
+  LedgerLease ledger;
+};
+
+}  // namespace spindle

@@ -1,0 +1,205 @@
+// Loader, supervision: waiting for a batch while watching the workers and the
+// timeout, describing what a worker was doing when it died or stalled,
+// closing the loader on a fatal error, and stopping and reaping the workers.
+// The consumer protocol (posting, delivering, epochs) is in loader.cpp.
+#include <spindle/loader.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include <spindle/detail/arena.hpp>
+#include <spindle/detail/futex.hpp>
+#include <spindle/detail/worker_pool.hpp>
+#include <spindle/error.hpp>
+
+#include "loader_internal.hpp"
+
+namespace spindle {
+namespace {
+
+constexpr auto kSupervisePeriod = std::chrono::milliseconds(50);
+
+std::string preview(std::span<const int64_t> idx) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < idx.size() && i < 4; ++i) s += (i ? ", " : "") + std::to_string(idx[i]);
+  if (idx.size() > 4) s += ", ... " + std::to_string(idx.size()) + " samples";
+  return s + "]";
+}
+
+// What the kernel says a worker is doing ("stopped" explains a timeout at once).
+std::string process_state(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return "gone";
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* paren = static_cast<const char*>(memrchr(buf, ')', n));
+  const char state = paren && paren + 2 < buf + n ? paren[2] : '?';
+  switch (state) {
+    case 'R': return "running";
+    case 'S': return "sleeping";
+    case 'D': return "in uninterruptible sleep (I/O)";
+    case 'T': return "stopped (SIGSTOP/SIGTSTP)";
+    case 't': return "stopped by a debugger";
+    case 'Z': return "a zombie";
+    default: return std::string("in state '") + state + "'";
+  }
+}
+
+// 2000 ms -> "2", 1500 ms -> "1.5" (as torch prints its timeout).
+std::string seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+}  // namespace
+
+std::string Loader::describe_batch(std::size_t b) const {
+  if (b < batches_.size()) return preview(batches_.batch(b));
+  return "(from worker streams)";
+}
+
+void Loader::rethrow_if_broken() const {
+  if (broken_.empty()) return;
+  if (broken_timeout_) throw LoaderTimeoutError(broken_);
+  throw WorkerDiedError(broken_);
+}
+
+Loader::~Loader() { close(); }
+
+uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_slots; }
+
+std::vector<pid_t> Loader::worker_pids() const {
+  std::lock_guard lock(pids_mu_);
+  return pids_;
+}
+
+std::vector<std::optional<WorkerExit>> Loader::worker_exits() const {
+  std::lock_guard lock(pids_mu_);
+  return exits_;
+}
+
+void Loader::close(std::chrono::milliseconds grace) noexcept {
+  closing_.store(true, std::memory_order_release);
+  // Wake a next() waiting in another thread; it sees closing_ and returns.
+  if (ring_) detail::futex_wake(&ring_->ring.header().completed, INT32_MAX);
+  std::lock_guard op(op_mu_);
+  stop_workers(grace);
+}
+
+void Loader::stop_workers(std::chrono::milliseconds grace) noexcept {
+  closing_.store(true, std::memory_order_release);
+  if (!pool_ && !threads_) {
+    leases_->arena.reset();
+    leases_->ledger.reset();
+    return;
+  }
+  for (uint32_t q = 0; q < ring_->ring.num_queues(); ++q) ring_->ring.queue(q).close();
+  if (pool_) {
+    pool_->shutdown(grace);
+    std::lock_guard lock(pids_mu_);
+    exits_ = pool_->exits();
+  }
+  pool_.reset();
+  threads_.reset();  // waits for the batches being filled: threads cannot be killed
+  // The workers are reaped and nothing of this loader runs in the arena any
+  // more: both leases go back now, not when the Loader is destroyed.
+  leases_->arena.reset();
+  leases_->ledger.reset();
+  std::lock_guard lock(pids_mu_);
+  pids_.clear();
+}
+
+std::string Loader::describe_holder(uint32_t slot) const {
+  const BatchRing& r = ring_->ring;
+  if (r.state(slot) == SlotState::kPosted) {
+    std::string who;
+    for (uint32_t w = 0; w < static_cast<uint32_t>(options_.num_workers); ++w) {
+      const pid_t pid = r.worker(w).pid.load();
+      who += (w ? ", " : "") + std::to_string(w) + " (pid " + std::to_string(pid) + ") " + process_state(pid);
+    }
+    return "not yet claimed by a worker (workers: " + who + ")";
+  }
+  const int w = r.slot(slot).worker;
+  if (w < 0 || w >= options_.num_workers) return "in an unknown state";
+  const WorkerRecord& rec = r.worker(static_cast<uint32_t>(w));
+  const pid_t pid = rec.pid.load();
+  return "held by worker " + std::to_string(w) + " (pid " + std::to_string(pid) + ", " + process_state(pid) +
+         ") at sample index " + std::to_string(rec.sample_index.load());
+}
+
+void Loader::fail_closed(const std::string& message, bool timeout) {
+  broken_ = message;
+  broken_timeout_ = timeout;
+  // Idle workers see the closed queue at once; one that is stuck or crashed
+  // gets no long grace period.
+  stop_workers(std::chrono::milliseconds(100));
+  if (timeout) throw LoaderTimeoutError(message);
+  throw WorkerDiedError(message);
+}
+
+void Loader::check_workers() {
+  if (!pool_) return;  // threads do not exit on their own
+  auto e = pool_->poll_exit();
+  if (!e) return;
+  {
+    std::lock_guard lock(pids_mu_);
+    exits_ = pool_->exits();
+  }
+  const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
+  const int64_t batch = rec.batch_id.load();
+  std::string doing = "while idle";
+  if (batch >= 0) {
+    const int64_t sample = rec.sample_index.load();
+    doing = "while producing batch " + std::to_string(batch) + " " +
+            describe_batch(static_cast<std::size_t>(batch)) +
+            (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
+  }
+  fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
+                  e->describe() + " " + doing +
+                  ". The loader is closed; start a new iteration to continue. A signal usually means the "
+                  "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
+              false);
+}
+
+std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& poll) {
+  const BatchRing& r = ring_->ring;
+  if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
+  auto& completed = r.header().completed;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    if (closed()) return std::nullopt;
+    const uint32_t seq = completed.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < inflight_.size(); ++i) {
+      const SlotState st = r.state(inflight_[i]);
+      if (st == SlotState::kReady || st == SlotState::kFailed) {
+        const uint32_t s = inflight_[i];
+        inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+        return s;
+      }
+      if (options_.in_order) break;  // only the oldest batch may be delivered
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ >= kSupervisePeriod) {
+      last_check_ = now;
+      check_workers();
+      if (poll) poll();
+    }
+    if (options_.timeout.count() > 0 && now - start >= options_.timeout) {
+      const uint32_t s = inflight_.front();
+      const auto b = static_cast<std::size_t>(r.slot(s).batch_id);
+      fail_closed("spindle: DataLoader timed out after " + seconds(options_.timeout) +
+                      " seconds: no batch arrived; waiting for batch " + std::to_string(b) + " " +
+                      describe_batch(b) + ", " + describe_holder(s) +
+                      ". Raise timeout, or find out why this sample is slow. The loader is closed.",
+                  true);
+    }
+    detail::futex_wait(&completed, seq, kSupervisePeriod);
+  }
+}
+
+}  // namespace spindle
