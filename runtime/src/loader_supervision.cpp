@@ -14,6 +14,7 @@
 #include <spindle/detail/futex.hpp>
 #include <spindle/detail/worker_pool.hpp>
 #include <spindle/error.hpp>
+#include <spindle/procfs.hpp>
 
 #include "loader_internal.hpp"
 
@@ -31,21 +32,11 @@ std::string preview(std::span<const int64_t> idx) {
 
 // What the kernel says a worker is doing ("stopped" explains a timeout at once).
 std::string process_state(pid_t pid) {
-  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (!f) return "gone";
-  char buf[512] = {};
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  const char* paren = static_cast<const char*>(memrchr(buf, ')', n));
-  const char state = paren && paren + 2 < buf + n ? paren[2] : '?';
-  switch (state) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible sleep (I/O)";
-    case 'T': return "stopped (SIGSTOP/SIGTSTP)";
-    case 't': return "stopped by a debugger";
-    case 'Z': return "a zombie";
-    default: return std::string("in state '") + state + "'";
+  try {
+    const auto stat = procfs::read_stat(pid);
+    return stat ? procfs::describe_state(stat->state) : "gone";
+  } catch (const std::exception&) {
+    return "in state '?'";  // it goes into an error message: never throw from here
   }
 }
 

@@ -1,6 +1,6 @@
 #include <spindle/detail/worker_pool.hpp>
 
-#include <spindle/detail/parent_death.hpp>
+#include <spindle/procfs.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -157,7 +157,7 @@ class ForkedWorkers final : public ChildProcesses {
     if (hooks_.before_fork) hooks_.before_fork();  // may refuse to fork (the interpreter has a signal to raise)
     pid_t pid = fork();
     if (pid == 0) {
-      detail::die_with_process(parent_);  // with the consumer process, not the forking thread
+      procfs::die_with_process(parent_);  // with the consumer process, not the forking thread
       for (int fd : pidfds_)  // the earlier workers' handles are the consumer's business
         if (fd >= 0) close(fd);
       if (hooks_.after_fork_child) hooks_.after_fork_child();
