@@ -115,22 +115,8 @@ def finish(out):
     print(json.dumps(out), flush=True)
     # No waiting on grain's atexit joins: this consumer's descendants (which hold its stdout) are
     # killed by pid, deepest first, and it exits.
-    kids = {}
-    for e in os.listdir("/proc"):
-        try:
-            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
-        except (OSError, ValueError, IndexError):
-            pass
-    order, stack = [], list(kids.get(os.getpid(), []))
-    while stack:
-        pid = stack.pop()
-        order.append(pid)
-        stack.extend(kids.get(pid, []))
-    for pid in reversed(order):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    from machine import kill_descendants
+    kill_descendants()
     os._exit(0 if "error" not in out else 1)
 
 if __name__ == "__main__":
@@ -202,23 +188,8 @@ def main():
     print(json.dumps(out), flush=True)
     # No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
     # are killed by pid, deepest first, and it exits.
-    import signal
-    kids = {}
-    for e in os.listdir("/proc"):
-        try:
-            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
-        except (OSError, ValueError, IndexError):
-            pass
-    order, stack = [], list(kids.get(os.getpid(), []))
-    while stack:
-        pid = stack.pop()
-        order.append(pid)
-        stack.extend(kids.get(pid, []))
-    for pid in reversed(order):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    from machine import kill_descendants
+    kill_descendants()
     os._exit(0 if "error" not in out else 1)
 
 if __name__ == "__main__":  # grain's spawned workers import this file as __mp_main__
