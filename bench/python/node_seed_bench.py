@@ -56,12 +56,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from machine import machine_info, write_results
+from spindle.bench.tree import Poller  # the sampler thread: one owner
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
@@ -312,7 +312,7 @@ def _uid_processes(uid: int) -> dict[int, tuple[int, int]]:
     return procs
 
 
-class UidSampler:
+class UidSampler(Poller):
     """Peak tasks of the uid, and peak threads of each tree under the run's top process.
 
     The top process is the uid's process whose parent is not the uid's (setpriv execs bash, which
@@ -327,10 +327,9 @@ class UidSampler:
         self.seen: set[int] = set()
         self.peak_uid = 0
         self.tree_peaks: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(0.005, name="uid-sampler")
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
         procs = {p: v for p, v in _uid_processes(self.uid).items() if p not in self.before}
         self.seen.update(procs)
         self.peak_uid = max(self.peak_uid, sum(t for _, t in procs.values()))
@@ -347,18 +346,8 @@ class UidSampler:
                 stack.extend(children.get(pid, ()))
             self.tree_peaks[root] = max(self.tree_peaks.get(root, 0), total)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._poll()
-            time.sleep(0.005)
-
-    def __enter__(self) -> "UidSampler":
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         # Processes this run started and left behind (grain's workers after os._exit, a killed
         # rank's children): killed by pid, only those first seen during this run.
         for pid in sorted(set(_uid_processes(self.uid)) & self.seen):
