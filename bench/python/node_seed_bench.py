@@ -71,7 +71,7 @@ from unprivileged import NOBODY, run_limited, uid_tasks  # noqa: E402
 # ---- (a): one consumer, JAX + a 16-worker grain or spindle.grain loader ------------------------
 
 GRAIN_CONSUMER = r'''
-import faulthandler, json, os, signal, sys, traceback, warnings
+import faulthandler, json, os, signal, sys, warnings
 import grain_bench as gb  # numpy, grain, absl flags marked parsed; the pipeline's classes (grain's workers import them)
 
 def main():
@@ -104,9 +104,8 @@ def main():
                 samples += len(batch)
         out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:3]
     except BaseException as e:
-        text = str(e).strip()
-        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-        out["traceback_tail"] = traceback.format_exc()[-1200:]
+        from machine import error_report
+        out.update(error_report(e, 1200))
     signal.alarm(0)
     out["samples"] = samples
     finish(out)
@@ -126,7 +125,7 @@ if __name__ == "__main__":
 # ---- (b): 4 sweep members started together, each JAX + a loader of 8 workers ------------------
 
 MEMBER = r'''
-import json, os, sys, time, traceback, warnings
+import json, os, sys, time, warnings
 
 def main():
     go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -181,9 +180,8 @@ def main():
         shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
         out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
     except BaseException as e:
-        text = str(e).strip()
-        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-        out["traceback_tail"] = traceback.format_exc()[-800:]
+        from machine import error_report
+        out.update(error_report(e, 800))
     out["samples"] = samples
     print(json.dumps(out), flush=True)
     # No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
@@ -199,7 +197,7 @@ if __name__ == "__main__":  # grain's spawned workers import this file as __mp_m
 # ---- (c): 4 ranks started together, each tf.data or spindle -----------------------------------
 
 RANK = r'''
-import json, os, sys, time, traceback
+import json, os, sys, time
 go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 out = {"peer": peer}
 samples = 0
@@ -249,9 +247,8 @@ try:
     except ImportError:
         pass
 except BaseException as e:
-    text = str(e).strip()
-    out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-    out["traceback_tail"] = traceback.format_exc()[-800:]
+    from machine import error_report
+    out.update(error_report(e, 800))
 out["samples"] = samples
 print(json.dumps(out), flush=True)
 '''
