@@ -10,37 +10,14 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
-#include <jpeglib.h>
+
+#include "jpeg_encode.hpp"  // tests/cpp: the same encoder as image_ops_test
 
 namespace {
 
 using spindle::ops::Image;
 
-std::vector<std::byte> encode_jpeg(const Image& img) {
-  jpeg_compress_struct cinfo{};
-  jpeg_error_mgr jerr{};
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buf, &size);
-  cinfo.image_width = img.width;
-  cinfo.image_height = img.height;
-  cinfo.input_components = 3;
-  cinfo.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, 90, TRUE);
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(img.pixels.data()) + static_cast<size_t>(cinfo.next_scanline) * img.width * 3;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  std::vector<std::byte> out(reinterpret_cast<std::byte*>(buf), reinterpret_cast<std::byte*>(buf) + size);
-  std::free(buf);
-  return out;
-}
+using spindle::testing::encode_jpeg;
 
 const std::vector<std::vector<std::byte>>& files() {
   static const auto f = [] {

@@ -17,7 +17,7 @@ from typing import Any
 # spindle.bench is imported inside the functions: grain's spawned workers re-import the
 # main module of grain_bench.py, which imports this one, and must not load spindle.
 
-__all__ = ["RESULTS_DIR", "ForeignCpu", "load_average", "machine_info", "write_results"]
+__all__ = ["RESULTS_DIR", "ForeignCpu", "error_report", "kill_descendants", "load_average", "machine_info", "write_results"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +79,32 @@ class ForeignCpu:
         return {"wall_s": round(self.wall_s, 1), "machine_busy_cpu_s": round(self.busy_s, 1),
                 "own_cpu_s": round(self.own_s, 1), "foreign_cpu_s": round(self.foreign_s, 1),
                 "foreign_share_of_machine": round(self.foreign_s / (self.wall_s * nproc), 3)}
+
+
+def error_report(exc: BaseException, traceback_chars: int) -> dict[str, str]:
+    """What a child script of a benchmark reports of the exception it is handling: the type and
+    the first line of its text (what the parent prints), and the traceback's last characters."""
+    import traceback
+
+    text = str(exc).strip()
+    return {"error": f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}",
+            "traceback_tail": "".join(traceback.format_exception(exc))[-traceback_chars:]}
+
+
+def kill_descendants() -> None:
+    """SIGKILLs every descendant of this process, deepest first (a child script's way out that does
+    not wait on grain's or torch's atexit joins: its descendants hold its stdout)."""
+    import signal
+
+    from spindle.bench.tree import ProcessTree
+
+    me = os.getpid()
+    # stats() lists the tree parents before children, so reversed it is deepest first.
+    for pid in reversed([pid for pid in ProcessTree(me).stats() if pid != me]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:

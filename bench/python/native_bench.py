@@ -51,49 +51,11 @@ import numpy as np
 
 from machine import machine_info, write_results
 from spindle.bench.tree import ProcessTree
-from spindle.bench.workloads import make_image_folder  # the harness's folder: one generator
+# The harness's folder and its PIL reading of it: one generator, one torchvision-like dataset.
+from spindle.bench.workloads import PilJpegFolder, folder_samples, make_image_folder
 
 SIZE = 224
 BATCH = 64
-
-
-class PilImageFolder:
-    """torchvision's ImageFolder + RandomResizedCrop(224) + RandomHorizontalFlip, with PIL."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(d.name for d in os.scandir(root) if d.is_dir())
-        self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(classes)
-                        for f in sorted(os.listdir(os.path.join(root, c)))]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int):
-        import math
-        import random
-
-        from PIL import Image
-
-        path, label = self.samples[i]
-        img = Image.open(path).convert("RGB")
-        w, h = img.size
-        area = h * w
-        box = None
-        for _ in range(10):  # torchvision's RandomResizedCrop.get_params
-            target = area * random.uniform(0.08, 1.0)
-            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-            if 0 < cw <= w and 0 < ch <= h:
-                top, left = random.randint(0, h - ch), random.randint(0, w - cw)
-                box = (left, top, left + cw, top + ch)
-                break
-        if box is None:
-            cw, ch = w, h
-            box = (0, 0, w, h)
-        img = img.resize((SIZE, SIZE), Image.BILINEAR, box=box)
-        if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return np.asarray(img), label
 
 
 def run_epoch(make, max_samples: int) -> tuple[float, int]:
@@ -136,7 +98,7 @@ def torch_pil(root: Path, workers: int):
     try:
         from torchvision import datasets, transforms
     except Exception:  # noqa: BLE001 - torchvision absent or broken: the same ops with PIL
-        dataset = PilImageFolder(root)
+        dataset = PilJpegFolder(root)
     else:
         dataset = datasets.ImageFolder(str(root), transform=transforms.Compose(
             [transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]))
@@ -149,7 +111,7 @@ class DecodeJpegFolder:
     def __init__(self, root: Path) -> None:
         from torchvision.transforms import v2
 
-        self.samples = PilImageFolder(root).samples
+        self.samples = folder_samples(root)
         self.transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
 
     def __len__(self) -> int:
@@ -172,7 +134,7 @@ def torchvision_io(root: Path, workers: int):
 def tf_data(root: Path, workers: int):
     import tensorflow as tf
 
-    paths, labels = zip(*PilImageFolder(root).samples)
+    paths, labels = zip(*folder_samples(root))
 
     def load(path, label):
         data = tf.io.read_file(path)
@@ -198,7 +160,7 @@ def spdl_pipeline(root: Path, workers: int):
     import spdl.io
     from spdl.pipeline import PipelineBuilder
 
-    samples = PilImageFolder(root).samples
+    samples = folder_samples(root)
     random.shuffle(samples)
 
     def load(sample):
@@ -259,7 +221,7 @@ def child(name: str, root: Path, workers: int, samples: int) -> int:
         if name == "SPDL":  # spdl.io imports lazily: load FFmpeg now, out of the clock
             import spdl.io
 
-            spdl.io.demux_image(PilImageFolder(root).samples[0][0])
+            spdl.io.demux_image(folder_samples(root)[0][0])
     except Exception as e:  # noqa: BLE001 - any import failure means "not here"
         print("RESULT " + json.dumps({"skipped": f"import {module} failed: {type(e).__name__}: {str(e)[:200]}"}))
         return 0

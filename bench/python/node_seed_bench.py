@@ -56,12 +56,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from machine import machine_info, write_results
+from spindle.bench.tree import Poller  # the sampler thread: one owner
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
@@ -71,7 +71,7 @@ from unprivileged import NOBODY, run_limited, uid_tasks  # noqa: E402
 # ---- (a): one consumer, JAX + a 16-worker grain or spindle.grain loader ------------------------
 
 GRAIN_CONSUMER = r'''
-import faulthandler, json, os, signal, sys, traceback, warnings
+import faulthandler, json, os, signal, sys, warnings
 import grain_bench as gb  # numpy, grain, absl flags marked parsed; the pipeline's classes (grain's workers import them)
 
 def main():
@@ -104,9 +104,8 @@ def main():
                 samples += len(batch)
         out["warnings"] = [str(x.message)[:400] for x in caught if "spindle" in str(x.message)][:3]
     except BaseException as e:
-        text = str(e).strip()
-        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-        out["traceback_tail"] = traceback.format_exc()[-1200:]
+        from machine import error_report
+        out.update(error_report(e, 1200))
     signal.alarm(0)
     out["samples"] = samples
     finish(out)
@@ -115,22 +114,8 @@ def finish(out):
     print(json.dumps(out), flush=True)
     # No waiting on grain's atexit joins: this consumer's descendants (which hold its stdout) are
     # killed by pid, deepest first, and it exits.
-    kids = {}
-    for e in os.listdir("/proc"):
-        try:
-            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
-        except (OSError, ValueError, IndexError):
-            pass
-    order, stack = [], list(kids.get(os.getpid(), []))
-    while stack:
-        pid = stack.pop()
-        order.append(pid)
-        stack.extend(kids.get(pid, []))
-    for pid in reversed(order):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    from machine import kill_descendants
+    kill_descendants()
     os._exit(0 if "error" not in out else 1)
 
 if __name__ == "__main__":
@@ -140,7 +125,7 @@ if __name__ == "__main__":
 # ---- (b): 4 sweep members started together, each JAX + a loader of 8 workers ------------------
 
 MEMBER = r'''
-import json, os, sys, time, traceback, warnings
+import json, os, sys, time, warnings
 
 def main():
     go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -195,30 +180,14 @@ def main():
         shrunk = [m for m in (re.search(r"workers asked, (\d+) started", x) for x in out["warnings"]) if m]
         out["workers"] = int(shrunk[0].group(1)) if shrunk else WORKERS
     except BaseException as e:
-        text = str(e).strip()
-        out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-        out["traceback_tail"] = traceback.format_exc()[-800:]
+        from machine import error_report
+        out.update(error_report(e, 800))
     out["samples"] = samples
     print(json.dumps(out), flush=True)
     # No waiting on grain's or torch's atexit joins: this member's descendants (which hold its stdout)
     # are killed by pid, deepest first, and it exits.
-    import signal
-    kids = {}
-    for e in os.listdir("/proc"):
-        try:
-            kids.setdefault(int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
-        except (OSError, ValueError, IndexError):
-            pass
-    order, stack = [], list(kids.get(os.getpid(), []))
-    while stack:
-        pid = stack.pop()
-        order.append(pid)
-        stack.extend(kids.get(pid, []))
-    for pid in reversed(order):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    from machine import kill_descendants
+    kill_descendants()
     os._exit(0 if "error" not in out else 1)
 
 if __name__ == "__main__":  # grain's spawned workers import this file as __mp_main__
@@ -228,7 +197,7 @@ if __name__ == "__main__":  # grain's spawned workers import this file as __mp_m
 # ---- (c): 4 ranks started together, each tf.data or spindle -----------------------------------
 
 RANK = r'''
-import json, os, sys, time, traceback
+import json, os, sys, time
 go, k, peer, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 out = {"peer": peer}
 samples = 0
@@ -278,9 +247,8 @@ try:
     except ImportError:
         pass
 except BaseException as e:
-    text = str(e).strip()
-    out["error"] = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-    out["traceback_tail"] = traceback.format_exc()[-800:]
+    from machine import error_report
+    out.update(error_report(e, 800))
 out["samples"] = samples
 print(json.dumps(out), flush=True)
 '''
@@ -341,7 +309,7 @@ def _uid_processes(uid: int) -> dict[int, tuple[int, int]]:
     return procs
 
 
-class UidSampler:
+class UidSampler(Poller):
     """Peak tasks of the uid, and peak threads of each tree under the run's top process.
 
     The top process is the uid's process whose parent is not the uid's (setpriv execs bash, which
@@ -356,10 +324,9 @@ class UidSampler:
         self.seen: set[int] = set()
         self.peak_uid = 0
         self.tree_peaks: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(0.005, name="uid-sampler")
 
-    def _poll(self) -> None:
+    def poll(self) -> None:
         procs = {p: v for p, v in _uid_processes(self.uid).items() if p not in self.before}
         self.seen.update(procs)
         self.peak_uid = max(self.peak_uid, sum(t for _, t in procs.values()))
@@ -376,18 +343,8 @@ class UidSampler:
                 stack.extend(children.get(pid, ()))
             self.tree_peaks[root] = max(self.tree_peaks.get(root, 0), total)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._poll()
-            time.sleep(0.005)
-
-    def __enter__(self) -> "UidSampler":
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         # Processes this run started and left behind (grain's workers after os._exit, a killed
         # rank's children): killed by pid, only those first seen during this run.
         for pid in sorted(set(_uid_processes(self.uid)) & self.seen):

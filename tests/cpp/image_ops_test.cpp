@@ -15,8 +15,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <jpeglib.h>
 #include <spng.h>
+
+#include "jpeg_encode.hpp"
 
 namespace spindle::ops {
 namespace {
@@ -39,33 +40,7 @@ Image synthetic(int h, int w, uint32_t seed) {
   return img;
 }
 
-Bytes encode_jpeg(const Image& img, int quality = 90, bool subsample = true) {
-  jpeg_compress_struct cinfo{};
-  jpeg_error_mgr jerr{};
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buf = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buf, &size);
-  cinfo.image_width = img.width;
-  cinfo.image_height = img.height;
-  cinfo.input_components = img.channels;
-  cinfo.in_color_space = img.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, quality, TRUE);
-  if (!subsample && img.channels == 3) cinfo.comp_info[0].h_samp_factor = cinfo.comp_info[0].v_samp_factor = 1;
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<uint8_t*>(img.pixels.data()) +
-                   static_cast<size_t>(cinfo.next_scanline) * img.width * img.channels;
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  jpeg_destroy_compress(&cinfo);
-  Bytes out(reinterpret_cast<std::byte*>(buf), reinterpret_cast<std::byte*>(buf) + size);
-  std::free(buf);
-  return out;
-}
+using spindle::testing::encode_jpeg;
 
 Bytes encode_png(const Image& img) {
   spng_ctx* ctx = spng_ctx_new(SPNG_CTX_ENCODER);

@@ -55,6 +55,18 @@ std::vector<std::vector<int64_t>> batches(int64_t n, int64_t size) {
   return out;
 }
 
+// Takes every batch `loader` delivers, checks that each sample starts with the
+// byte locked_sample and slow_sample write (index % 251), and counts the samples
+// in `seen` (an out parameter: ASSERT_* needs a void function).
+void drain_checking_samples(spindle::Loader& loader, int64_t& seen) {
+  seen = 0;
+  while (auto batch = loader.next()) {
+    for (std::size_t i = 0; i < batch->indices().size(); ++i)
+      ASSERT_EQ(batch->data()[i * kSampleBytes], static_cast<std::byte>(batch->indices()[i] % 251));
+    seen += static_cast<int64_t>(batch->indices().size());
+  }
+}
+
 spindle::LoaderOptions options() {
   spindle::LoaderOptions o;
   o.num_workers = 2;
@@ -86,11 +98,7 @@ TEST(Zygote, WorkersDoNotInheritLocksHeldByOtherThreads) {
   LockHolder holder;
   spindle::Loader loader(options(), batches(200, 16), spindle::Launcher::zygote(*g_zygote, "locked"));
   int64_t seen = 0;
-  while (auto b = loader.next()) {
-    for (std::size_t i = 0; i < b->indices().size(); ++i)
-      ASSERT_EQ(b->data()[i * kSampleBytes], static_cast<std::byte>(b->indices()[i] % 251));
-    seen += static_cast<int64_t>(b->indices().size());
-  }
+  ASSERT_NO_FATAL_FAILURE(drain_checking_samples(loader, seen));
   EXPECT_EQ(seen, 200);
   for (pid_t pid : loader.worker_pids()) EXPECT_NE(pid, 0);
 }
@@ -134,11 +142,7 @@ TEST(Zygote, TwoLoadersOnOneZygoteEachGetTheirOwnWorkersExits) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 
   int64_t seen = 0;
-  while (auto batch = b.next()) {
-    for (std::size_t i = 0; i < batch->indices().size(); ++i)
-      ASSERT_EQ(batch->data()[i * kSampleBytes], static_cast<std::byte>(batch->indices()[i] % 251));
-    seen += static_cast<int64_t>(batch->indices().size());
-  }
+  ASSERT_NO_FATAL_FAILURE(drain_checking_samples(b, seen));
   EXPECT_EQ(seen, 640);
 
   std::string message;

@@ -39,30 +39,34 @@ class Nested:
         }
 
 
-class FailsAt(Images):
+class BadAt(Images):
+    """Images whose one index `bad` goes wrong in the way a subclass's `go_wrong` says."""
+
+    def __init__(self, bad: int, n: int = 200) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int):
+        if i == self.bad:
+            self.go_wrong(i)
+        return super().__getitem__(i)
+
+    def go_wrong(self, i: int) -> None:
+        raise NotImplementedError
+
+
+class FailsAt(BadAt):
     """Raises ValueError for one index."""
 
-    def __init__(self, bad: int, n: int = 200) -> None:
-        super().__init__(n)
-        self.bad = bad
-
-    def __getitem__(self, i: int):
-        if i == self.bad:
-            raise ValueError(f"corrupt record {i}")
-        return super().__getitem__(i)
+    def go_wrong(self, i: int) -> None:
+        raise ValueError(f"corrupt record {i}")
 
 
-class KillsItselfAt(Images):
+class KillsItselfAt(BadAt):
     """The worker that loads `bad` dies by SIGKILL, as if OOM-killed."""
 
-    def __init__(self, bad: int, n: int = 200) -> None:
-        super().__init__(n)
-        self.bad = bad
-
-    def __getitem__(self, i: int):
-        if i == self.bad:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super().__getitem__(i)
+    def go_wrong(self, i: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class SlowAt(Images):

@@ -67,6 +67,13 @@ def same(a, b, path="batch"):
         assert a == b, f"{path}: {a!r} != {b!r}"
 
 
+def same_batches(got, expected):
+    """Asserts spindle's batches equal torch's: as many, each the same type, dtype, shape and values."""
+    assert len(got) == len(expected)
+    for k, (a, b) in enumerate(zip(got, expected)):
+        same(a, b, f"batch {k}")
+
+
 def both(dataset, **kwargs):
     """Batches of torch's loader and of spindle's for the same arguments (generators re-made per loader)."""
     seed = kwargs.pop("seed", None)
@@ -102,9 +109,7 @@ def test_same_batches_as_torch_for_the_same_arguments(kwargs):
     if kwargs.get("in_order") is False:  # only the set of batches is defined
         key = lambda b: b["pair"][0].tolist()  # noqa: E731
         expected, got = sorted(expected, key=key), sorted(got, key=key)
-    assert len(got) == len(expected)
-    for k, (a, b) in enumerate(zip(got, expected)):
-        same(a, b, f"batch {k}")
+    same_batches(got, expected)
 
 
 def test_strings_and_custom_collate_match_torch():
@@ -217,9 +222,7 @@ class Shards(torch.utils.data.IterableDataset):
 def test_iterable_datasets_give_torchs_batches_in_torchs_order(kwargs):
     """IterableDataset shards by get_worker_info(); batches arrive round-robin from live workers, like torch."""
     expected, got = both(Shards(), **kwargs)
-    assert len(got) == len(expected)
-    for k, (a, b) in enumerate(zip(got, expected)):
-        same(a, b, f"batch {k}")
+    same_batches(got, expected)
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])
@@ -228,9 +231,7 @@ def test_multiprocessing_contexts_give_torchs_batches(context):
     torch's batches, for map-style and iterable datasets."""
     for dataset, kwargs in ((Mixed(), dict(batch_size=8, shuffle=True, seed=3)), (Shards(), dict(batch_size=3))):
         expected, got = both(dataset, num_workers=2, multiprocessing_context=context, **kwargs)
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected):
-            same(a, b)
+        same_batches(got, expected)
 
 
 class ThreadCount(Dataset):
@@ -256,9 +257,7 @@ def test_persistent_workers_with_an_iterable_dataset_match_torchs_epochs():
                    generator=torch.Generator().manual_seed(9)) for cls in (TorchLoader, DataLoader)]
     for _ in range(2):
         expected, got = (list(iter(loader)) for loader in loaders)
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected):
-            same(a, b)
+        same_batches(got, expected)
 
 
 class Augmented(Dataset):
@@ -370,8 +369,7 @@ def test_bulk_loading_with_a_sampler_of_lists_gives_torchs_batches(persistent):
     for _ in range(2 if persistent else 1):
         expected, got = (list(loader) for loader in loaders)
         assert len(got) == len(expected) == 9
-        for a, b in zip(got, expected):
-            same(a, b)
+        same_batches(got, expected)
     loaders[1].close()
 
 
@@ -401,8 +399,7 @@ def test_torchs_batch_sampler_over_keys_that_are_not_integers_gives_torchs_batch
     expected, got = ([b for b in cls(ByName(), batch_size=5, sampler=NameSampler(), drop_last=drop_last,
                                      num_workers=2)] for cls in (TorchLoader, DataLoader))
     assert len(got) == len(expected) == (4 if drop_last else 5)
-    for a, b in zip(got, expected):
-        same(a, b)
+    same_batches(got, expected)
 
 
 class Slow(Dataset):
@@ -533,9 +530,7 @@ def test_out_of_order_iterable_datasets_give_torchs_batches():
     expected, got = both(Shards(), batch_size=3, num_workers=3, in_order=False)
     key = lambda b: b["value"].tolist()  # noqa: E731
     expected, got = sorted(expected, key=key), sorted(got, key=key)
-    assert len(got) == len(expected)
-    for a, b in zip(got, expected):
-        same(a, b)
+    same_batches(got, expected)
 
 
 def test_workers_exit_when_the_iterator_is_dropped_early():

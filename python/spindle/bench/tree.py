@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Self
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -137,7 +137,35 @@ class TreePeaks:
     pids_seen: set[int] = field(default_factory=set)
 
 
-class TreeSampler:
+class Poller:
+    """Calls `poll()` from a daemon thread of this process every `period_s`, from entering
+    the `with` block until leaving it: the thread under every sampler of a benchmark
+    (TreeSampler here; samplers of the bench/python scripts subclass it too)."""
+
+    def __init__(self, period_s: float, name: str) -> None:
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def poll(self) -> None:
+        """One look; what it looks at is the subclass's."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            time.sleep(self.period_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class TreeSampler(Poller):
     """Polls the tree under `root` from a thread of this process until stopped.
 
     Every `period_s`: threads and processes of the tree; every `pss_every`-th poll,
@@ -148,11 +176,10 @@ class TreeSampler:
 
     def __init__(self, root: Optional[int], *, period_s: float = 0.01, pss_every: int = 5,
                  uid: Optional[int] = None) -> None:
-        self.root, self.period_s, self.pss_every, self.uid = root, period_s, pss_every, uid
+        super().__init__(period_s, name="spindle-bench-sampler")
+        self.root, self.pss_every, self.uid = root, pss_every, uid
         self.peaks = TreePeaks()
         self.tree = ProcessTree(root) if root is not None else None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spindle-bench-sampler", daemon=True)
 
     def poll(self) -> None:
         """One look at the tree."""
@@ -167,19 +194,6 @@ class TreeSampler:
         if self.uid is not None:
             p.uid_tasks = max(p.uid_tasks, uid_tasks(self.uid))
         p.polls += 1
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            time.sleep(self.period_s)
-
-    def __enter__(self) -> "TreeSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def busy_cpu_seconds() -> float:

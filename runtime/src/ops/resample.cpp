@@ -70,6 +70,23 @@ void precompute(int in_size, double in0, double in1, int out_size, Coeffs& c) {
 // as a clamp so that the vertical pass's loop vectorizes.
 inline uint8_t clip8(int32_t v) { return static_cast<uint8_t>(std::clamp(v >> kPrecisionBits, 0, 255)); }
 
+// One RGB output of the horizontal pass, in scalar code: each channel's sum of
+// `n` taps (pixel * weight), rounded and clipped as Pillow does. Every SIMD path
+// computes exactly this, and falls back to it where its wide loads could pass
+// the buffer's end. Always inlined, so that a compile-time `n` (the templates'
+// K) keeps the fixed trip count the unrolled loops rely on.
+__attribute__((always_inline)) inline void rgb_taps(const uint8_t* p, const int32_t* k, int n, uint8_t* d) {
+  int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
+  for (int x = 0; x < n; ++x) {
+    a0 += p[3 * x] * k[x];
+    a1 += p[3 * x + 1] * k[x];
+    a2 += p[3 * x + 2] * k[x];
+  }
+  d[0] = clip8(a0);
+  d[1] = clip8(a1);
+  d[2] = clip8(a2);
+}
+
 // Gives every output the same number of taps, ksize, so the horizontal inner
 // loop has a fixed trip count (no mispredicted loop exits, unrolled): windows
 // are padded with zero weights, moved left where they would pass the right
@@ -116,15 +133,7 @@ __attribute__((target("sse4.1"))) void horizontal_rgb_sse41(const uint8_t* src, 
       const int xmin = c.bounds[xx * 2];
       const uint8_t* p = s + static_cast<size_t>(xmin) * 3;
       if (last_row && xmin + K == in_w) {
-        int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
-        for (int x = 0; x < K; ++x) {
-          a0 += p[3 * x] * k[x];
-          a1 += p[3 * x + 1] * k[x];
-          a2 += p[3 * x + 2] * k[x];
-        }
-        d[0] = clip8(a0);
-        d[1] = clip8(a1);
-        d[2] = clip8(a2);
+        rgb_taps(p, k, K, d);
         continue;
       }
       __m128i acc = _mm_set1_epi32(1 << (kPrecisionBits - 1));
@@ -222,15 +231,7 @@ __attribute__((target("avx2"))) void horizontal_rgb_madd(const uint8_t* src, siz
           continue;
         }
         const int32_t* k = kk + static_cast<size_t>(xx) * K;
-        int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
-        for (int x = 0; x < K; ++x) {
-          a0 += p[3 * x] * k[x];
-          a1 += p[3 * x + 1] * k[x];
-          a2 += p[3 * x + 2] * k[x];
-        }
-        d[0] = clip8(a0);
-        d[1] = clip8(a1);
-        d[2] = clip8(a2);
+        rgb_taps(p, k, K, d);
       }
       continue;
     }
@@ -285,16 +286,8 @@ void horizontal_rgb_fixed(const uint8_t* src, size_t stride, int row0, int rows,
     for (int xx = 0; xx < out_w; ++xx) {
       const int32_t* k = &c.kk[static_cast<size_t>(xx) * K];
       const uint8_t* p = s + static_cast<size_t>(c.bounds[xx * 2]) * 3;
-      int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
-      for (int x = 0; x < K; ++x) {
-        a0 += p[3 * x] * k[x];
-        a1 += p[3 * x + 1] * k[x];
-        a2 += p[3 * x + 2] * k[x];
-      }
       uint8_t* d = row_out + 3 * (mirror ? out_w - 1 - xx : xx);
-      d[0] = clip8(a0);
-      d[1] = clip8(a1);
-      d[2] = clip8(a2);
+      rgb_taps(p, k, K, d);
     }
   }
 }
@@ -356,15 +349,7 @@ void horizontal(const uint8_t* src, size_t stride, int in_w, int ch, int row0, i
       const uint8_t* p = s + static_cast<size_t>(xmin) * ch;
       uint8_t* d = row_out + static_cast<size_t>(mirror ? out_w - 1 - xx : xx) * ch;
       if (ch == 3) {
-        int32_t a0 = 1 << (kPrecisionBits - 1), a1 = a0, a2 = a0;
-        for (int x = 0; x < n; ++x) {
-          a0 += p[3 * x] * k[x];
-          a1 += p[3 * x + 1] * k[x];
-          a2 += p[3 * x + 2] * k[x];
-        }
-        d[0] = clip8(a0);
-        d[1] = clip8(a1);
-        d[2] = clip8(a2);
+        rgb_taps(p, k, n, d);
       } else {
         for (int cc = 0; cc < ch; ++cc) {
           int32_t a = 1 << (kPrecisionBits - 1);
