@@ -66,6 +66,7 @@ Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move
   const BatchRing& r = ring_->ring;
   const SlotHeader& h = r.slot(slot);
   batch_id_ = h.batch_id;
+  skipped_ = h.skipped;
   indices_ = {r.indices(slot), h.count};
   contents_ = read_descriptor(r.descriptor(slot), h.reserved);
   const uint64_t used = contents_.kind == PayloadKind::kRaw
@@ -93,6 +94,7 @@ Batch& Batch::operator=(Batch&& o) noexcept {
     ring_ = std::move(o.ring_);
     slot_ = o.slot_;
     batch_id_ = o.batch_id_;
+    skipped_ = o.skipped_;
     indices_ = o.indices_;
     data_ = o.data_;
     contents_ = std::move(o.contents_);
@@ -278,6 +280,7 @@ void Loader::reset(BatchPlan batches) {
   batches_ = std::move(batches);
   next_post_ = 0;
   delivered_ = 0;
+  samples_seen_ = samples_skipped_ = 0;
   const std::size_t room = ring_->ring.geometry().num_slots - 2;
   const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, batches_.size(), room})));
@@ -331,12 +334,14 @@ void Loader::reset_streams(int first_worker, std::vector<std::string> messages) 
   next_worker_ = static_cast<uint32_t>(first_worker);
   next_post_ = 0;
   delivered_ = 0;
+  samples_seen_ = samples_skipped_ = 0;
   post_more();
 }
 
 void Loader::rethrow_if_broken() const {
   if (broken_.empty()) return;
   if (broken_timeout_) throw LoaderTimeoutError(broken_);
+  if (broken_died_) throw *broken_died_;
   throw WorkerDiedError(broken_);
 }
 
@@ -432,6 +437,7 @@ void Loader::post_more() {
       h.count = options_.batch_capacity;
       h.worker = -1;
       h.error_bytes = 0;
+      h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
       write_raw_descriptor(r.descriptor(s));
       r.set_state(s, SlotState::kPosted);
       r.queue(1 + next_worker_).post(s);
@@ -449,6 +455,7 @@ void Loader::post_more() {
     h.count = static_cast<uint32_t>(idx.size());
     h.worker = -1;
     h.error_bytes = 0;
+    h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
     h.flags = 0;
     h.message_bytes = 0;
     write_raw_descriptor(r.descriptor(s));
@@ -489,6 +496,11 @@ void Loader::fail_closed(const std::string& message, bool timeout) {
   throw WorkerDiedError(message);
 }
 
+void Loader::fail_closed(const WorkerDiedError& died) {
+  broken_died_ = died;
+  fail_closed(died.what(), false);
+}
+
 void Loader::check_workers() {
   if (!pool_) return;  // threads do not exit on their own
   auto e = pool_->poll_exit();
@@ -499,23 +511,48 @@ void Loader::check_workers() {
   }
   const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
   const int64_t batch = rec.batch_id.load();
+  std::optional<int64_t> batch_field, sample_field;
   std::string doing = "while idle";
   if (batch >= 0) {
     const int64_t sample = rec.sample_index.load();
+    batch_field = batch;
+    if (sample >= 0) sample_field = sample;
     doing = "while producing batch " + std::to_string(batch) + " " +
             describe_batch(static_cast<std::size_t>(batch)) +
             (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
   }
-  fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
-                  e->describe() + " " + doing +
-                  ". The loader is closed; start a new iteration to continue. A signal usually means the "
-                  "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
-              false);
+  // The fields are the exception's (the bindings copy them to Python); the
+  // text says the same for a person.
+  fail_closed(WorkerDiedError(
+      "spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " + e->describe() +
+          " " + doing +
+          ". The loader is closed; start a new iteration to continue. A signal usually means the "
+          "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
+      e->worker_id, static_cast<int>(e->pid), e->signaled ? std::nullopt : std::optional<int>(e->code),
+      e->signaled ? std::optional<int>(e->code) : std::nullopt, sample_field, batch_field));
+}
+
+void Loader::check_skips(bool final) {
+  // Judged from the 100th sample on (one bad file in a first small batch is
+  // no trend), and at the end of the epoch.
+  if (!options_.max_skip_ratio || !(final || samples_seen_ >= 100)) return;
+  const double ratio = *options_.max_skip_ratio;
+  if (!(static_cast<double>(samples_skipped_) > ratio * static_cast<double>(std::max<uint64_t>(samples_seen_, 1))))
+    return;
+  const uint64_t skipped = samples_skipped_, seen = samples_seen_;
+  samples_seen_ = samples_skipped_ = 0;  // raised once
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", ratio);
+  stop_workers(std::chrono::milliseconds(100));
+  throw SkipRatioError("spindle: " + std::to_string(skipped) + " of " + std::to_string(seen) +
+                           " samples could not be read and were skipped, more than max_ratio=" + limit +
+                           ". Fix or remove the files, or raise the ratio with .on_error('skip', max_ratio=...).",
+                       skipped, seen, ratio);
 }
 
 std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& poll) {
   const BatchRing& r = ring_->ring;
-  if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
+  if (inflight_.empty()) SPINDLE_FAIL_INTERNAL("spindle: no batch in flight");
   auto& completed = r.header().completed;
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
@@ -556,9 +593,15 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   const BatchRing& r = ring_->ring;
   uint32_t s = 0;
   for (;;) {
-    if (!options_.round_robin && delivered_ == batches_.size()) return std::nullopt;
+    if (!options_.round_robin && delivered_ == batches_.size()) {
+      check_skips(/*final=*/true);
+      return std::nullopt;
+    }
     post_more();
-    if (options_.round_robin && inflight_.empty()) return std::nullopt;  // every stream ended
+    if (options_.round_robin && inflight_.empty()) {  // every stream ended
+      check_skips(/*final=*/true);
+      return std::nullopt;
+    }
     const auto got = wait_for_delivery(poll);
     if (!got) return std::nullopt;  // closed meanwhile
     s = *got;
@@ -573,7 +616,12 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   }
   SlotHeader& h = r.slot(s);
   if (r.state(s) == SlotState::kFailed) {
-    std::string payload(reinterpret_cast<const char*>(r.payload(s)), h.error_bytes);
+    // The failure record (batch_ring.hpp): report, then path, then key.
+    const char* record = reinterpret_cast<const char*>(r.payload(s));
+    std::string payload(record, h.error_bytes);
+    std::string path(record + h.error_bytes, h.failure_path_bytes);
+    std::string key(record + h.error_bytes + h.failure_path_bytes, h.failure_key_bytes);
+    const auto kind = static_cast<FailureKind>(h.failure);
     const int worker = h.worker;
     const int pid = worker >= 0 ? r.worker(static_cast<uint32_t>(worker)).pid.load() : 0;
     const int64_t batch = h.batch_id;
@@ -582,7 +630,17 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     // Built before the throw: the payload is moved into the exception.
     std::string what = "spindle: worker " + std::to_string(worker) + " (pid " + std::to_string(pid) +
                        ") failed to produce batch " + std::to_string(batch) + ": " + payload;
-    throw BatchFailedError(what, worker, pid, batch, std::move(payload));
+    throw BatchFailedError(what, worker, pid, batch, std::move(payload), kind, std::move(path), std::move(key));
+  }
+  samples_seen_ += h.count;
+  samples_skipped_ += h.skipped;
+  if (h.skipped) {
+    try {
+      check_skips(/*final=*/false);
+    } catch (...) {
+      r.set_state(s, SlotState::kFree);
+      throw;
+    }
   }
   r.set_state(s, SlotState::kLeased);
   Batch batch = [&] {

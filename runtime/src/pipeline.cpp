@@ -104,7 +104,7 @@ std::size_t Pipeline::size() const noexcept {
 bool Pipeline::streaming() const noexcept { return impl_->wds.has_value(); }
 
 const WebDataset& Pipeline::webdataset() const {
-  if (!impl_->wds) SPINDLE_THROW(std::logic_error, "spindle: this pipeline does not read WebDataset shards");
+  if (!impl_->wds) SPINDLE_FAIL_INTERNAL("spindle: this pipeline does not read WebDataset shards");
   return *impl_->wds;
 }
 
@@ -126,7 +126,8 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
   const PipelineOptions& o = options_;
   if (impl_->folder) {
     const Record rec = impl_->folder->read(static_cast<std::size_t>(index));
-    produce_encoded(rec.data, rec.label, "sample " + std::to_string(index) + " (" + rec.origin + ")",
+    produce_encoded(rec.data, rec.label, SampleId{"sample " + std::to_string(index) + " (" + rec.origin + ")",
+                                                  rec.origin, ""},
                     static_cast<uint64_t>(index), seed, epoch, layout, payload, row);
     return;
   }
@@ -154,7 +155,7 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
   finish(std::move(img), label, rng, layout, payload, row);
 }
 
-void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin,
+void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const SampleId& id,
                                uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                                std::span<std::byte> payload, std::size_t row) const {
   const PipelineOptions& o = options_;
@@ -185,7 +186,7 @@ void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label
     try {
       ops::decode_resized(encoded, plan, ops::Size{s, s}, dst);
     } catch (const std::exception& e) {
-      SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+      throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
     }
     if (o.normalize) {
       std::span<float> out = layout.view<float>(payload, 0).subspan(row * n, n);
@@ -198,7 +199,7 @@ void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label
   try {
     decode_sample(o, encoded, img);
   } catch (const std::exception& e) {
-    SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+    throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
   }
   finish(std::move(img), label, rng, layout, payload, row);
 }
@@ -211,10 +212,9 @@ void Pipeline::finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLa
   // The flip draw comes after the crop's draws: same sequence in every mode.
   if (o.flip_probability > 0 && rng.uniform() < o.flip_probability) ops::hflip(img);
   if (img.height != impl_->out_h || img.width != impl_->out_w)
-    SPINDLE_THROW(std::logic_error, "spindle: a sample came out " +
-                                        std::to_string(img.height) + "x" + std::to_string(img.width) + ", not " +
-                                        std::to_string(impl_->out_h) + "x" + std::to_string(impl_->out_w) +
-                                        " (bug in spindle's pipeline)");
+    SPINDLE_FAIL_INTERNAL("spindle: a sample came out " + std::to_string(img.height) + "x" +
+                          std::to_string(img.width) + ", not " + std::to_string(impl_->out_h) + "x" +
+                          std::to_string(impl_->out_w) + " in the pipeline");
   if (o.normalize) {
     std::span<float> out = layout.view<float>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
     ops::normalize(img, o.normalize->first, o.normalize->second, o.chw, out);
@@ -229,10 +229,18 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
                  const SlotLayout& layout, std::span<std::byte> payload) {
   const bool skip = pipe.options().on_error == PipelineOptions::OnError::kSkip;
   std::vector<std::size_t> bad;
-  std::string first_error;
+  std::string first_error, first_path, first_key;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     try {
       pipe.produce(indices[row], seed, epoch, layout, payload, row);
+    } catch (const DecodeError& e) {
+      if (!skip) throw;
+      if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      bad.push_back(row);
+    } catch (const DataError& e) {
+      if (!skip) throw;
+      if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      bad.push_back(row);
     } catch (const std::exception& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what();
@@ -251,8 +259,8 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
       break;
     }
   if (good == indices.size())
-    SPINDLE_THROW(DecodeError, "spindle: every sample of a batch failed (on_error='skip' needs one good sample "
-                               "to stand in); the first: " + first_error);
+    throw DecodeError("spindle: every sample of a batch failed (on_error='skip' needs one good sample "
+                      "to stand in); the first: " + first_error, first_path, first_key);
   for (std::size_t r : bad) {
     std::size_t src = good;
     for (std::size_t k = r; k-- > 0;)
@@ -270,9 +278,12 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
 
 namespace {
 
-// Skipped samples travel in the batch's structure bytes, for the consumer's
-// ratio check: "skipped=N;reason=<the first error>".
+// Skipped samples: the count in the slot's own field (SlotHeader::skipped),
+// which the consumer's ratio check reads; the first reason, for the warning
+// a front end gives, in the batch's structure bytes (still as
+// "skipped=N;reason=<the first error>" until the Python front reads the field).
 void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
+  ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
   if (!skips.count) return;
   std::string reason = skips.first_reason.substr(0, 1000);
   std::replace(reason.begin(), reason.end(), ';', ',');
@@ -280,15 +291,19 @@ void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layo
                           "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
 }
 
-// Inside a catch block: fails the item with a report the Python layer maps to
-// an exception type — the error's kind, a newline, its message.
+// Inside a catch block: fails the item with its failure kind, path and key
+// in the slot's failure record (the consumer raises by kind). The report
+// still starts with the kind's name and a newline for the Python front that
+// splits it (pipeline.py _native_error) until it reads BatchFailedError.kind.
 void fail_current(WorkerContext& ctx, const WorkItem& item) noexcept {
   try {
     throw;
   } catch (const DecodeError& e) {
-    ctx.fail(item, std::string("DecodeError\n") + e.what());
+    ctx.fail(item, std::string("DecodeError\n") + e.what(), FailureKind::kDecode, e.path, e.key);
   } catch (const DataError& e) {
-    ctx.fail(item, std::string("DataError\n") + e.what());
+    ctx.fail(item, std::string("DataError\n") + e.what(), FailureKind::kData, e.path, e.key);
+  } catch (const InternalError& e) {
+    ctx.fail(item, std::string("RuntimeError\n") + e.what(), FailureKind::kInternal);
   } catch (const std::exception& e) {
     ctx.fail(item, std::string("RuntimeError\n") + e.what());
   } catch (...) {
@@ -368,8 +383,11 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
           for (const char* ext : {"jpg", "jpeg", "png"})
             if (auto it = sample->fields.find(ext); it != sample->fields.end()) image = &it->second;
           try {
-            if (!image) SPINDLE_THROW(DataError, "spindle: " + sample->origin + " has no jpg, jpeg or png member");
-            pipe->produce_encoded(*image, WebDataset::label_of(*sample), sample->origin, draw, seed, epoch, layout,
+            if (!image)
+              throw DataError("spindle: " + sample->origin + " has no jpg, jpeg or png member", reader->shard(),
+                              sample->key);
+            pipe->produce_encoded(*image, WebDataset::label_of(*sample),
+                                  SampleId{sample->origin, reader->shard(), sample->key}, draw, seed, epoch, layout,
                                   out, count);
             ++count;
           } catch (const std::exception& e) {
