@@ -497,8 +497,11 @@ void Loader::fail_closed(const std::string& message, bool timeout) {
 }
 
 void Loader::fail_closed(const WorkerDiedError& died) {
+  broken_ = died.what();
+  broken_timeout_ = false;
   broken_died_ = died;
-  fail_closed(died.what(), false);
+  stop_workers(std::chrono::milliseconds(100));  // as above
+  throw died;
 }
 
 void Loader::check_workers() {
