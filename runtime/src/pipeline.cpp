@@ -10,24 +10,122 @@
 
 namespace spindle {
 
+namespace {
+
+// One sample as a source gives it: encoded bytes to decode (an image file, a
+// shard member) or pixels already decoded (an array row), its label and its
+// name for errors.
+struct SourceSample {
+  std::vector<std::byte> encoded;
+  ops::Image decoded;
+  bool is_decoded = false;
+  int64_t label = -1;
+  SampleId id;
+};
+
+// Where a pipeline's samples come from. The three kinds (image folder,
+// arrays, WebDataset shards) sit behind this one interface, so the pipeline
+// holds one source and never asks which it is.
+class PipelineSource {
+ public:
+  virtual ~PipelineSource() = default;
+  // Samples readable by index (0 for a stream).
+  virtual std::size_t size() const noexcept = 0;
+  // The stream of a WebDataset source, read by shard (nullptr: read by index).
+  virtual const WebDataset* stream() const noexcept { return nullptr; }
+  // The image size a sample has before any op, if every sample has the same
+  // one (an array's row shape); nullopt: known only per sample.
+  virtual std::optional<std::pair<int, int>> fixed_size() const { return std::nullopt; }
+  // Sample `index` (map-style sources only).
+  virtual void read(int64_t index, SourceSample& out) const = 0;
+};
+
+class FolderSource final : public PipelineSource {
+ public:
+  explicit FolderSource(const PipelineOptions& o) : folder_(o.image_folder) {
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
+  }
+  std::size_t size() const noexcept override { return folder_.size(); }
+  void read(int64_t index, SourceSample& out) const override {
+    Record rec = folder_.read(static_cast<std::size_t>(index));
+    out.encoded = std::move(rec.data);
+    out.label = rec.label;
+    out.id = SampleId{"sample " + std::to_string(index) + " (" + rec.origin + ")", rec.origin, ""};
+  }
+
+ private:
+  ImageFolder folder_;
+};
+
+class ArraysSource final : public PipelineSource {
+ public:
+  explicit ArraysSource(const PipelineOptions& o) : arrays_(ArraySource::from_npy(o.npy)) {
+    if (arrays_.dtype() != "|u1")
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + arrays_.dtype() +
+                                               "; the image pipeline reads uint8 images [N, H, W, 3]");
+    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
+  }
+  std::size_t size() const noexcept override { return arrays_.size(); }
+  std::optional<std::pair<int, int>> fixed_size() const override {
+    const auto shape = arrays_.row_shape();
+    if (shape.size() == 3 && shape[2] == 3) return std::pair{static_cast<int>(shape[0]), static_cast<int>(shape[1])};
+    return std::nullopt;
+  }
+  void read(int64_t index, SourceSample& out) const override {
+    const auto shape = arrays_.row_shape();
+    const auto bytes = arrays_.row(static_cast<std::size_t>(index));
+    out.decoded.height = static_cast<int>(shape[0]);
+    out.decoded.width = static_cast<int>(shape[1]);
+    out.decoded.channels = 3;
+    out.decoded.pixels.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
+                              reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+    out.is_decoded = true;
+    out.label = -1;
+  }
+
+ private:
+  ArraySource arrays_;
+};
+
+class WebDatasetSource final : public PipelineSource {
+ public:
+  explicit WebDatasetSource(const PipelineOptions& o) : wds_(o.webdataset) {
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
+  }
+  std::size_t size() const noexcept override { return 0; }
+  const WebDataset* stream() const noexcept override { return &wds_; }
+  void read(int64_t, SourceSample&) const override {
+    SPINDLE_FAIL_INTERNAL("spindle: a WebDataset pipeline is read by shard, not by index");
+  }
+
+ private:
+  WebDataset wds_;
+};
+
+std::unique_ptr<PipelineSource> make_source(const PipelineOptions& o) {
+  if (!o.webdataset.empty()) return std::make_unique<WebDatasetSource>(o);
+  if (!o.image_folder.empty()) return std::make_unique<FolderSource>(o);
+  return std::make_unique<ArraysSource>(o);
+}
+
+}  // namespace
+
 struct Pipeline::Impl {
-  std::optional<ImageFolder> folder;
-  std::optional<ArraySource> arrays;
-  std::optional<WebDataset> wds;
+  std::unique_ptr<PipelineSource> source;
   int out_h = 0, out_w = 0;  // the image field's height and width
 };
 
 namespace {
 
 // The output size the ops produce, known without reading a sample: the crop's
-// size, else (for arrays without ops) the array's row shape.
-std::pair<int, int> output_size(const PipelineOptions& o, const std::optional<ArraySource>& arrays) {
+// size, else (for arrays without ops) the source's fixed size.
+std::pair<int, int> output_size(const PipelineOptions& o, const PipelineSource& source) {
   if (o.random_resized_crop) return {o.random_resized_crop->size, o.random_resized_crop->size};
   if (o.center_crop) return {*o.center_crop, *o.center_crop};
-  if (arrays && !o.resize_shorter) {
-    const auto shape = arrays->row_shape();
-    if (shape.size() == 3 && shape[2] == 3) return {static_cast<int>(shape[0]), static_cast<int>(shape[1])};
-  }
+  if (!o.resize_shorter)
+    if (auto size = source.fixed_size()) return *size;
   SPINDLE_THROW(std::invalid_argument,
                 "spindle: a pipeline's images must all come out the same size to be batched: add "
                 "random_resized_crop(size) or center_crop(size) after decode (or resize_shorter + center_crop)");
@@ -68,44 +166,28 @@ Pipeline::Pipeline(PipelineOptions options) : options_(std::move(options)), impl
   if (int(!o.image_folder.empty()) + int(!o.npy.empty()) + int(!o.webdataset.empty()) != 1)
     SPINDLE_THROW(std::invalid_argument,
                   "spindle: a pipeline needs exactly one source (image_folder, npy or webdataset shards)");
-  if (!o.webdataset.empty()) {
-    impl_->wds.emplace(o.webdataset);
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
-  } else if (!o.image_folder.empty()) {
-    impl_->folder.emplace(o.image_folder);
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
-  } else {
-    impl_->arrays.emplace(ArraySource::from_npy(o.npy));
-    if (impl_->arrays->dtype() != "|u1")
-      SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + impl_->arrays->dtype() +
-                                               "; the image pipeline reads uint8 images [N, H, W, 3]");
-    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
-  }
+  impl_->source = make_source(o);
   if (o.random_resized_crop && o.center_crop)
     SPINDLE_THROW(std::invalid_argument, "spindle: choose random_resized_crop or center_crop, not both");
   if (o.normalize) {
     for (float s : o.normalize->second)
       if (!(s > 0)) SPINDLE_THROW(std::invalid_argument, "spindle: normalize needs std > 0");
   }
-  std::tie(impl_->out_h, impl_->out_w) = output_size(o, impl_->arrays);
+  std::tie(impl_->out_h, impl_->out_w) = output_size(o, *impl_->source);
 }
 
 Pipeline::~Pipeline() = default;
 Pipeline::Pipeline(Pipeline&&) noexcept = default;
 Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
 
-std::size_t Pipeline::size() const noexcept {
-  if (impl_->wds) return 0;
-  return impl_->folder ? impl_->folder->size() : impl_->arrays->size();
-}
+std::size_t Pipeline::size() const noexcept { return impl_->source->size(); }
 
-bool Pipeline::streaming() const noexcept { return impl_->wds.has_value(); }
+bool Pipeline::streaming() const noexcept { return impl_->source->stream() != nullptr; }
 
 const WebDataset& Pipeline::webdataset() const {
-  if (!impl_->wds) SPINDLE_FAIL_INTERNAL("spindle: this pipeline does not read WebDataset shards");
-  return *impl_->wds;
+  const WebDataset* wds = impl_->source->stream();
+  if (!wds) SPINDLE_FAIL_INTERNAL("spindle: this pipeline does not read WebDataset shards");
+  return *wds;
 }
 
 SlotLayout Pipeline::layout(uint32_t capacity) const {
@@ -124,24 +206,17 @@ SlotLayout Pipeline::layout(uint32_t capacity) const {
 void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                        std::span<std::byte> payload, std::size_t row) const {
   const PipelineOptions& o = options_;
-  if (impl_->folder) {
-    const Record rec = impl_->folder->read(static_cast<std::size_t>(index));
-    produce_encoded(rec.data, rec.label, SampleId{"sample " + std::to_string(index) + " (" + rec.origin + ")",
-                                                  rec.origin, ""},
-                    static_cast<uint64_t>(index), seed, epoch, layout, payload, row);
+  SourceSample sample;
+  impl_->source->read(index, sample);
+  if (!sample.is_decoded) {
+    produce_encoded(sample.encoded, sample.label, sample.id, static_cast<uint64_t>(index), seed, epoch, layout,
+                    payload, row);
     return;
   }
   ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
-  ops::Image img;
-  const int64_t label = -1;
+  ops::Image img = std::move(sample.decoded);
+  const int64_t label = sample.label;
   {
-    const auto shape = impl_->arrays->row_shape();
-    const auto bytes = impl_->arrays->row(static_cast<std::size_t>(index));
-    img.height = static_cast<int>(shape[0]);
-    img.width = static_cast<int>(shape[1]);
-    img.channels = 3;
-    img.pixels.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
-                      reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
     if (o.random_resized_crop) {
       const ops::CropBox b = ops::random_resized_crop_box(img.height, img.width, rng, o.random_resized_crop->scale,
                                                           o.random_resized_crop->ratio);
