@@ -461,9 +461,15 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
             if (!image)
               throw DataError("spindle: " + sample->origin + " has no jpg, jpeg or png member", reader->shard(),
                               sample->key);
-            pipe->produce_encoded(*image, WebDataset::label_of(*sample),
-                                  SampleId{sample->origin, reader->shard(), sample->key}, draw, seed, epoch, layout,
-                                  out, count);
+            int64_t label = -1;
+            try {
+              label = WebDataset::label_of(*sample);
+            } catch (const DataError& e) {  // a bad label: named by its shard and key too
+              if (!e.path.empty()) throw;
+              throw DataError(e.what(), reader->shard(), sample->key);
+            }
+            pipe->produce_encoded(*image, label, SampleId{sample->origin, reader->shard(), sample->key}, draw, seed,
+                                  epoch, layout, out, count);
             ++count;
           } catch (const std::exception& e) {
             if (!skip) throw;

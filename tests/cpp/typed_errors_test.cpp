@@ -5,6 +5,7 @@
 #include <spindle/error.hpp>
 #include <spindle/loader.hpp>
 #include <spindle/pipeline.hpp>
+#include <spindle/sources.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -160,6 +161,23 @@ TEST(TypedErrors, FailedBatchCarriesKindPathAndKey) {
     EXPECT_EQ(e.key, "0042");
     EXPECT_EQ(e.payload, "spindle: cannot decode shard-7.tar:0042");
     EXPECT_EQ(std::string(failure_kind_name(e.kind)), "decode");
+  }
+}
+
+// Proves: a corrupt tar shard's DataError names the shard in its path field, not only in its text.
+TEST(TypedErrors, CorruptShardDataErrorCarriesItsPath) {
+  TempDir dir;
+  const auto shard = (dir.path() / "bad.tar").string();
+  write_file(shard, std::string(1024, 'x'));  // two 512-byte "headers" of garbage: a bad checksum
+  try {
+    TarReader tar(shard);
+    while (tar.next()) {
+    }
+    FAIL() << "a garbage shard read cleanly";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.path, shard);
+    EXPECT_TRUE(e.key.empty());
+    EXPECT_TRUE(contains(e.what(), "corrupt tar shard")) << e.what();
   }
 }
 
