@@ -357,6 +357,8 @@ void register_loader(py::module_& m) {
       .def_property_readonly("structure",
                              [](const Batch& b) { return py::bytes(b.structure().data(), b.structure().size()); },
                              "The structure bytes the worker sent with an 'arrays' batch.")
+      .def_property_readonly("skipped", &Batch::skipped,
+                             "Samples of this batch the worker could not read and replaced (on_error='skip').")
       .def("arrays",
            [](py::object self) {
              Batch& b = self.cast<Batch&>();
@@ -539,7 +541,7 @@ void register_loader(py::module_& m) {
       .def("exhausted", &WorkerContext::exhausted, py::arg("item"))
       .def("fail",
            [](WorkerContext& ctx, const WorkItem& item, py::bytes report) {
-             ctx.fail(item, std::string_view(report));
+             ctx.fail(item, std::string_view(report), FailureKind::kPython);  // a pickled exception
            },
            py::arg("item"), py::arg("report"));
 

@@ -70,6 +70,8 @@ void register_pipeline(py::module_& m) {
         o.prefetch_factor = prefetch_factor;
         o.timeout = timeout_ms(timeout);
         o.max_threads = max_threads;
+        if (pipe->options().on_error == PipelineOptions::OnError::kSkip)  // the loader enforces it (loader.hpp)
+          o.max_skip_ratio = pipe->options().max_skip_ratio;
         WorkerMain body = stream ? pipeline_stream_worker(pipe, seed, epoch) : pipeline_worker(pipe, seed, epoch);
         if (threads) {
           py::gil_scoped_release release;  // nothing forks: the workers are C++ on arena threads

@@ -165,6 +165,11 @@ class Lease:
         'arrays' (fields laid out by a SlotLayout), 'bytes' (one byte string) or 'raw'.
         """
     @property
+    def skipped(self) -> int:
+        """
+        Samples of this batch the worker could not read and replaced (on_error='skip').
+        """
+    @property
     def structure(self) -> bytes:
         """
         The structure bytes the worker sent with an 'arrays' batch.

@@ -201,9 +201,9 @@ std::unique_ptr<ArenaJobs> Arena::start(int n, std::function<void(int)> body) {
     State& s = state();
     std::lock_guard lock(s.mu);
     if (!arena || s.extra < n)
-      SPINDLE_THROW(std::logic_error, "spindle: " + std::to_string(n) + " arena jobs need " + std::to_string(n) +
-                                          " extra arena threads; the arena has " + std::to_string(s.extra) +
-                                          " (take a lease for them first)");
+      SPINDLE_FAIL_INTERNAL("spindle: " + std::to_string(n) + " arena jobs need " + std::to_string(n) +
+                            " extra arena threads; the arena has " + std::to_string(s.extra) +
+                            " (take a lease for them first)");
   }
   auto fn = std::make_shared<std::function<void(int)>>(std::move(body));
   shared->running = n;

@@ -15,6 +15,7 @@ Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move
   const BatchRing& r = ring_->ring;
   const SlotHeader& h = r.slot(slot);
   batch_id_ = h.batch_id;
+  skipped_ = h.skipped;
   indices_ = {r.indices(slot), h.count};
   contents_ = read_descriptor(r.descriptor(slot), h.reserved);
   const uint64_t used = contents_.kind == PayloadKind::kRaw
@@ -42,6 +43,7 @@ Batch& Batch::operator=(Batch&& o) noexcept {
     ring_ = std::move(o.ring_);
     slot_ = o.slot_;
     batch_id_ = o.batch_id_;
+    skipped_ = o.skipped_;
     indices_ = o.indices_;
     data_ = o.data_;
     contents_ = std::move(o.contents_);

@@ -2,7 +2,20 @@
 
 #include <cstring>
 
-namespace spindle::detail {
+namespace spindle {
+
+const char* failure_kind_name(FailureKind kind) noexcept {
+  switch (kind) {
+    case FailureKind::kPython: return "python";
+    case FailureKind::kDecode: return "decode";
+    case FailureKind::kData: return "data";
+    case FailureKind::kInternal: return "internal";
+    case FailureKind::kOther: break;
+  }
+  return "other";
+}
+
+namespace detail {
 
 std::string location_suffix(const char* file, int line) {
   // Keep only the path below runtime/ so messages do not leak build paths.
@@ -10,4 +23,5 @@ std::string location_suffix(const char* file, int line) {
   return std::string(" [") + (rel ? rel : file) + ":" + std::to_string(line) + "]";
 }
 
-}  // namespace spindle::detail
+}  // namespace detail
+}  // namespace spindle

@@ -161,6 +161,7 @@ void Loader::reset(BatchPlan batches) {
   batches_ = std::move(batches);
   next_post_ = 0;
   delivered_ = 0;
+  samples_seen_ = samples_skipped_ = 0;
   const std::size_t room = ring_->ring.geometry().num_slots - 2;
   const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, batches_.size(), room})));
@@ -214,6 +215,7 @@ void Loader::reset_streams(int first_worker, std::vector<std::string> messages) 
   next_worker_ = static_cast<uint32_t>(first_worker);
   next_post_ = 0;
   delivered_ = 0;
+  samples_seen_ = samples_skipped_ = 0;
   post_more();
 }
 
@@ -278,6 +280,7 @@ void Loader::post_more() {
     h.batch_id = static_cast<int64_t>(next_post_++);
     h.worker = -1;
     h.error_bytes = 0;
+    h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
     write_raw_descriptor(r.descriptor(s));
     r.set_state(s, SlotState::kPosted);
     r.queue(queue).post(s);
@@ -292,9 +295,15 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   const BatchRing& r = ring_->ring;
   uint32_t s = 0;
   for (;;) {
-    if (!options_.round_robin && delivered_ == batches_.size()) return std::nullopt;
+    if (!options_.round_robin && delivered_ == batches_.size()) {
+      check_skips(/*final=*/true);
+      return std::nullopt;
+    }
     post_more();
-    if (options_.round_robin && inflight_.empty()) return std::nullopt;  // every stream ended
+    if (options_.round_robin && inflight_.empty()) {  // every stream ended
+      check_skips(/*final=*/true);
+      return std::nullopt;
+    }
     const auto got = wait_for_delivery(poll);
     if (!got) return std::nullopt;  // closed meanwhile
     s = *got;
@@ -309,7 +318,12 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   }
   SlotHeader& h = r.slot(s);
   if (r.state(s) == SlotState::kFailed) {
-    std::string payload(reinterpret_cast<const char*>(r.payload(s)), h.error_bytes);
+    // The failure record (batch_ring.hpp): report, then path, then key.
+    const char* record = reinterpret_cast<const char*>(r.payload(s));
+    std::string payload(record, h.error_bytes);
+    std::string path(record + h.error_bytes, h.failure_path_bytes);
+    std::string key(record + h.error_bytes + h.failure_path_bytes, h.failure_key_bytes);
+    const auto kind = static_cast<FailureKind>(h.failure);
     const int worker = h.worker;
     const int pid = worker >= 0 ? r.worker(static_cast<uint32_t>(worker)).pid.load() : 0;
     const int64_t batch = h.batch_id;
@@ -318,7 +332,17 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     // Built before the throw: the payload is moved into the exception.
     std::string what = "spindle: worker " + std::to_string(worker) + " (pid " + std::to_string(pid) +
                        ") failed to produce batch " + std::to_string(batch) + ": " + payload;
-    throw BatchFailedError(what, worker, pid, batch, std::move(payload));
+    throw BatchFailedError(what, worker, pid, batch, std::move(payload), kind, std::move(path), std::move(key));
+  }
+  samples_seen_ += h.count;
+  samples_skipped_ += h.skipped;
+  if (h.skipped) {
+    try {
+      check_skips(/*final=*/false);
+    } catch (...) {
+      r.set_state(s, SlotState::kFree);
+      throw;
+    }
   }
   r.set_state(s, SlotState::kLeased);
   Batch batch = [&] {

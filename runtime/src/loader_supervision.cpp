@@ -57,6 +57,7 @@ std::string Loader::describe_batch(std::size_t b) const {
 void Loader::rethrow_if_broken() const {
   if (broken_.empty()) return;
   if (broken_timeout_) throw LoaderTimeoutError(broken_);
+  if (broken_died_) throw *broken_died_;
   throw WorkerDiedError(broken_);
 }
 
@@ -133,6 +134,14 @@ void Loader::fail_closed(const std::string& message, bool timeout) {
   throw WorkerDiedError(message);
 }
 
+void Loader::fail_closed(const WorkerDiedError& died) {
+  broken_ = died.what();
+  broken_timeout_ = false;
+  broken_died_ = died;
+  stop_workers(std::chrono::milliseconds(100));  // as above
+  throw died;
+}
+
 void Loader::check_workers() {
   if (!pool_) return;  // threads do not exit on their own
   auto e = pool_->poll_exit();
@@ -143,23 +152,48 @@ void Loader::check_workers() {
   }
   const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
   const int64_t batch = rec.batch_id.load();
+  std::optional<int64_t> batch_field, sample_field;
   std::string doing = "while idle";
   if (batch >= 0) {
     const int64_t sample = rec.sample_index.load();
+    batch_field = batch;
+    if (sample >= 0) sample_field = sample;
     doing = "while producing batch " + std::to_string(batch) + " " +
             describe_batch(static_cast<std::size_t>(batch)) +
             (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
   }
-  fail_closed("spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " +
-                  e->describe() + " " + doing +
-                  ". The loader is closed; start a new iteration to continue. A signal usually means the "
-                  "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
-              false);
+  // The fields are the exception's (the bindings copy them to Python); the
+  // text says the same for a person.
+  fail_closed(WorkerDiedError(
+      "spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " + e->describe() +
+          " " + doing +
+          ". The loader is closed; start a new iteration to continue. A signal usually means the "
+          "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
+      e->worker_id, static_cast<int>(e->pid), e->signaled ? std::nullopt : std::optional<int>(e->code),
+      e->signaled ? std::optional<int>(e->code) : std::nullopt, sample_field, batch_field));
+}
+
+void Loader::check_skips(bool final) {
+  // Judged from the 100th sample on (one bad file in a first small batch is
+  // no trend), and at the end of the epoch.
+  if (!options_.max_skip_ratio || !(final || samples_seen_ >= 100)) return;
+  const double ratio = *options_.max_skip_ratio;
+  if (!(static_cast<double>(samples_skipped_) > ratio * static_cast<double>(std::max<uint64_t>(samples_seen_, 1))))
+    return;
+  const uint64_t skipped = samples_skipped_, seen = samples_seen_;
+  samples_seen_ = samples_skipped_ = 0;  // raised once
+  char limit[32];
+  std::snprintf(limit, sizeof limit, "%g", ratio);
+  stop_workers(std::chrono::milliseconds(100));
+  throw SkipRatioError("spindle: " + std::to_string(skipped) + " of " + std::to_string(seen) +
+                           " samples could not be read and were skipped, more than max_ratio=" + limit +
+                           ". Fix or remove the files, or raise the ratio with .on_error('skip', max_ratio=...).",
+                       skipped, seen, ratio);
 }
 
 std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& poll) {
   const BatchRing& r = ring_->ring;
-  if (inflight_.empty()) SPINDLE_THROW(std::logic_error, "spindle: no batch in flight (bug in spindle)");
+  if (inflight_.empty()) SPINDLE_FAIL_INTERNAL("spindle: no batch in flight");
   auto& completed = r.header().completed;
   const auto start = std::chrono::steady_clock::now();
   for (;;) {

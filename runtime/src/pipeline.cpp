@@ -10,24 +10,122 @@
 
 namespace spindle {
 
+namespace {
+
+// One sample as a source gives it: encoded bytes to decode (an image file, a
+// shard member) or pixels already decoded (an array row), its label and its
+// name for errors.
+struct SourceSample {
+  std::vector<std::byte> encoded;
+  ops::Image decoded;
+  bool is_decoded = false;
+  int64_t label = -1;
+  SampleId id;
+};
+
+// Where a pipeline's samples come from. The three kinds (image folder,
+// arrays, WebDataset shards) sit behind this one interface, so the pipeline
+// holds one source and never asks which it is.
+class PipelineSource {
+ public:
+  virtual ~PipelineSource() = default;
+  // Samples readable by index (0 for a stream).
+  virtual std::size_t size() const noexcept = 0;
+  // The stream of a WebDataset source, read by shard (nullptr: read by index).
+  virtual const WebDataset* stream() const noexcept { return nullptr; }
+  // The image size a sample has before any op, if every sample has the same
+  // one (an array's row shape); nullopt: known only per sample.
+  virtual std::optional<std::pair<int, int>> fixed_size() const { return std::nullopt; }
+  // Sample `index` (map-style sources only).
+  virtual void read(int64_t index, SourceSample& out) const = 0;
+};
+
+class FolderSource final : public PipelineSource {
+ public:
+  explicit FolderSource(const PipelineOptions& o) : folder_(o.image_folder) {
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
+  }
+  std::size_t size() const noexcept override { return folder_.size(); }
+  void read(int64_t index, SourceSample& out) const override {
+    Record rec = folder_.read(static_cast<std::size_t>(index));
+    out.encoded = std::move(rec.data);
+    out.label = rec.label;
+    out.id = SampleId{"sample " + std::to_string(index) + " (" + rec.origin + ")", rec.origin, ""};
+  }
+
+ private:
+  ImageFolder folder_;
+};
+
+class ArraysSource final : public PipelineSource {
+ public:
+  explicit ArraysSource(const PipelineOptions& o) : arrays_(ArraySource::from_npy(o.npy)) {
+    if (arrays_.dtype() != "|u1")
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + arrays_.dtype() +
+                                               "; the image pipeline reads uint8 images [N, H, W, 3]");
+    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
+  }
+  std::size_t size() const noexcept override { return arrays_.size(); }
+  std::optional<std::pair<int, int>> fixed_size() const override {
+    const auto shape = arrays_.row_shape();
+    if (shape.size() == 3 && shape[2] == 3) return std::pair{static_cast<int>(shape[0]), static_cast<int>(shape[1])};
+    return std::nullopt;
+  }
+  void read(int64_t index, SourceSample& out) const override {
+    const auto shape = arrays_.row_shape();
+    const auto bytes = arrays_.row(static_cast<std::size_t>(index));
+    out.decoded.height = static_cast<int>(shape[0]);
+    out.decoded.width = static_cast<int>(shape[1]);
+    out.decoded.channels = 3;
+    out.decoded.pixels.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
+                              reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+    out.is_decoded = true;
+    out.label = -1;
+  }
+
+ private:
+  ArraySource arrays_;
+};
+
+class WebDatasetSource final : public PipelineSource {
+ public:
+  explicit WebDatasetSource(const PipelineOptions& o) : wds_(o.webdataset) {
+    if (!o.decode)
+      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
+  }
+  std::size_t size() const noexcept override { return 0; }
+  const WebDataset* stream() const noexcept override { return &wds_; }
+  void read(int64_t, SourceSample&) const override {
+    SPINDLE_FAIL_INTERNAL("spindle: a WebDataset pipeline is read by shard, not by index");
+  }
+
+ private:
+  WebDataset wds_;
+};
+
+std::unique_ptr<PipelineSource> make_source(const PipelineOptions& o) {
+  if (!o.webdataset.empty()) return std::make_unique<WebDatasetSource>(o);
+  if (!o.image_folder.empty()) return std::make_unique<FolderSource>(o);
+  return std::make_unique<ArraysSource>(o);
+}
+
+}  // namespace
+
 struct Pipeline::Impl {
-  std::optional<ImageFolder> folder;
-  std::optional<ArraySource> arrays;
-  std::optional<WebDataset> wds;
+  std::unique_ptr<PipelineSource> source;
   int out_h = 0, out_w = 0;  // the image field's height and width
 };
 
 namespace {
 
 // The output size the ops produce, known without reading a sample: the crop's
-// size, else (for arrays without ops) the array's row shape.
-std::pair<int, int> output_size(const PipelineOptions& o, const std::optional<ArraySource>& arrays) {
+// size, else (for arrays without ops) the source's fixed size.
+std::pair<int, int> output_size(const PipelineOptions& o, const PipelineSource& source) {
   if (o.random_resized_crop) return {o.random_resized_crop->size, o.random_resized_crop->size};
   if (o.center_crop) return {*o.center_crop, *o.center_crop};
-  if (arrays && !o.resize_shorter) {
-    const auto shape = arrays->row_shape();
-    if (shape.size() == 3 && shape[2] == 3) return {static_cast<int>(shape[0]), static_cast<int>(shape[1])};
-  }
+  if (!o.resize_shorter)
+    if (auto size = source.fixed_size()) return *size;
   SPINDLE_THROW(std::invalid_argument,
                 "spindle: a pipeline's images must all come out the same size to be batched: add "
                 "random_resized_crop(size) or center_crop(size) after decode (or resize_shorter + center_crop)");
@@ -68,44 +166,28 @@ Pipeline::Pipeline(PipelineOptions options) : options_(std::move(options)), impl
   if (int(!o.image_folder.empty()) + int(!o.npy.empty()) + int(!o.webdataset.empty()) != 1)
     SPINDLE_THROW(std::invalid_argument,
                   "spindle: a pipeline needs exactly one source (image_folder, npy or webdataset shards)");
-  if (!o.webdataset.empty()) {
-    impl_->wds.emplace(o.webdataset);
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
-  } else if (!o.image_folder.empty()) {
-    impl_->folder.emplace(o.image_folder);
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
-  } else {
-    impl_->arrays.emplace(ArraySource::from_npy(o.npy));
-    if (impl_->arrays->dtype() != "|u1")
-      SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + impl_->arrays->dtype() +
-                                               "; the image pipeline reads uint8 images [N, H, W, 3]");
-    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
-  }
+  impl_->source = make_source(o);
   if (o.random_resized_crop && o.center_crop)
     SPINDLE_THROW(std::invalid_argument, "spindle: choose random_resized_crop or center_crop, not both");
   if (o.normalize) {
     for (float s : o.normalize->second)
       if (!(s > 0)) SPINDLE_THROW(std::invalid_argument, "spindle: normalize needs std > 0");
   }
-  std::tie(impl_->out_h, impl_->out_w) = output_size(o, impl_->arrays);
+  std::tie(impl_->out_h, impl_->out_w) = output_size(o, *impl_->source);
 }
 
 Pipeline::~Pipeline() = default;
 Pipeline::Pipeline(Pipeline&&) noexcept = default;
 Pipeline& Pipeline::operator=(Pipeline&&) noexcept = default;
 
-std::size_t Pipeline::size() const noexcept {
-  if (impl_->wds) return 0;
-  return impl_->folder ? impl_->folder->size() : impl_->arrays->size();
-}
+std::size_t Pipeline::size() const noexcept { return impl_->source->size(); }
 
-bool Pipeline::streaming() const noexcept { return impl_->wds.has_value(); }
+bool Pipeline::streaming() const noexcept { return impl_->source->stream() != nullptr; }
 
 const WebDataset& Pipeline::webdataset() const {
-  if (!impl_->wds) SPINDLE_THROW(std::logic_error, "spindle: this pipeline does not read WebDataset shards");
-  return *impl_->wds;
+  const WebDataset* wds = impl_->source->stream();
+  if (!wds) SPINDLE_FAIL_INTERNAL("spindle: this pipeline does not read WebDataset shards");
+  return *wds;
 }
 
 SlotLayout Pipeline::layout(uint32_t capacity) const {
@@ -124,23 +206,17 @@ SlotLayout Pipeline::layout(uint32_t capacity) const {
 void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                        std::span<std::byte> payload, std::size_t row) const {
   const PipelineOptions& o = options_;
-  if (impl_->folder) {
-    const Record rec = impl_->folder->read(static_cast<std::size_t>(index));
-    produce_encoded(rec.data, rec.label, "sample " + std::to_string(index) + " (" + rec.origin + ")",
-                    static_cast<uint64_t>(index), seed, epoch, layout, payload, row);
+  SourceSample sample;
+  impl_->source->read(index, sample);
+  if (!sample.is_decoded) {
+    produce_encoded(sample.encoded, sample.label, sample.id, static_cast<uint64_t>(index), seed, epoch, layout,
+                    payload, row);
     return;
   }
   ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
-  ops::Image img;
-  const int64_t label = -1;
+  ops::Image img = std::move(sample.decoded);
+  const int64_t label = sample.label;
   {
-    const auto shape = impl_->arrays->row_shape();
-    const auto bytes = impl_->arrays->row(static_cast<std::size_t>(index));
-    img.height = static_cast<int>(shape[0]);
-    img.width = static_cast<int>(shape[1]);
-    img.channels = 3;
-    img.pixels.assign(reinterpret_cast<const uint8_t*>(bytes.data()),
-                      reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
     if (o.random_resized_crop) {
       const ops::CropBox b = ops::random_resized_crop_box(img.height, img.width, rng, o.random_resized_crop->scale,
                                                           o.random_resized_crop->ratio);
@@ -154,7 +230,7 @@ void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotL
   finish(std::move(img), label, rng, layout, payload, row);
 }
 
-void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin,
+void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const SampleId& id,
                                uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
                                std::span<std::byte> payload, std::size_t row) const {
   const PipelineOptions& o = options_;
@@ -185,7 +261,7 @@ void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label
     try {
       ops::decode_resized(encoded, plan, ops::Size{s, s}, dst);
     } catch (const std::exception& e) {
-      SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+      throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
     }
     if (o.normalize) {
       std::span<float> out = layout.view<float>(payload, 0).subspan(row * n, n);
@@ -198,7 +274,7 @@ void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label
   try {
     decode_sample(o, encoded, img);
   } catch (const std::exception& e) {
-    SPINDLE_THROW(DecodeError, "spindle: cannot decode " + origin + ": " + e.what());
+    throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
   }
   finish(std::move(img), label, rng, layout, payload, row);
 }
@@ -211,10 +287,9 @@ void Pipeline::finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLa
   // The flip draw comes after the crop's draws: same sequence in every mode.
   if (o.flip_probability > 0 && rng.uniform() < o.flip_probability) ops::hflip(img);
   if (img.height != impl_->out_h || img.width != impl_->out_w)
-    SPINDLE_THROW(std::logic_error, "spindle: a sample came out " +
-                                        std::to_string(img.height) + "x" + std::to_string(img.width) + ", not " +
-                                        std::to_string(impl_->out_h) + "x" + std::to_string(impl_->out_w) +
-                                        " (bug in spindle's pipeline)");
+    SPINDLE_FAIL_INTERNAL("spindle: a sample came out " + std::to_string(img.height) + "x" +
+                          std::to_string(img.width) + ", not " + std::to_string(impl_->out_h) + "x" +
+                          std::to_string(impl_->out_w) + " in the pipeline");
   if (o.normalize) {
     std::span<float> out = layout.view<float>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
     ops::normalize(img, o.normalize->first, o.normalize->second, o.chw, out);
@@ -229,10 +304,18 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
                  const SlotLayout& layout, std::span<std::byte> payload) {
   const bool skip = pipe.options().on_error == PipelineOptions::OnError::kSkip;
   std::vector<std::size_t> bad;
-  std::string first_error;
+  std::string first_error, first_path, first_key;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     try {
       pipe.produce(indices[row], seed, epoch, layout, payload, row);
+    } catch (const DecodeError& e) {
+      if (!skip) throw;
+      if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      bad.push_back(row);
+    } catch (const DataError& e) {
+      if (!skip) throw;
+      if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      bad.push_back(row);
     } catch (const std::exception& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what();
@@ -251,8 +334,8 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
       break;
     }
   if (good == indices.size())
-    SPINDLE_THROW(DecodeError, "spindle: every sample of a batch failed (on_error='skip' needs one good sample "
-                               "to stand in); the first: " + first_error);
+    throw DecodeError("spindle: every sample of a batch failed (on_error='skip' needs one good sample "
+                      "to stand in); the first: " + first_error, first_path, first_key);
   for (std::size_t r : bad) {
     std::size_t src = good;
     for (std::size_t k = r; k-- > 0;)
@@ -270,9 +353,12 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
 
 namespace {
 
-// Skipped samples travel in the batch's structure bytes, for the consumer's
-// ratio check: "skipped=N;reason=<the first error>".
+// Skipped samples: the count in the slot's own field (SlotHeader::skipped),
+// which the consumer's ratio check reads; the first reason, for the warning
+// a front end gives, in the batch's structure bytes (still as
+// "skipped=N;reason=<the first error>" until the Python front reads the field).
 void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
+  ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
   if (!skips.count) return;
   std::string reason = skips.first_reason.substr(0, 1000);
   std::replace(reason.begin(), reason.end(), ';', ',');
@@ -280,15 +366,19 @@ void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layo
                           "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
 }
 
-// Inside a catch block: fails the item with a report the Python layer maps to
-// an exception type — the error's kind, a newline, its message.
+// Inside a catch block: fails the item with its failure kind, path and key
+// in the slot's failure record (the consumer raises by kind). The report
+// still starts with the kind's name and a newline for the Python front that
+// splits it (pipeline.py _native_error) until it reads BatchFailedError.kind.
 void fail_current(WorkerContext& ctx, const WorkItem& item) noexcept {
   try {
     throw;
   } catch (const DecodeError& e) {
-    ctx.fail(item, std::string("DecodeError\n") + e.what());
+    ctx.fail(item, std::string("DecodeError\n") + e.what(), FailureKind::kDecode, e.path, e.key);
   } catch (const DataError& e) {
-    ctx.fail(item, std::string("DataError\n") + e.what());
+    ctx.fail(item, std::string("DataError\n") + e.what(), FailureKind::kData, e.path, e.key);
+  } catch (const InternalError& e) {
+    ctx.fail(item, std::string("RuntimeError\n") + e.what(), FailureKind::kInternal);
   } catch (const std::exception& e) {
     ctx.fail(item, std::string("RuntimeError\n") + e.what());
   } catch (...) {
@@ -368,9 +458,18 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
           for (const char* ext : {"jpg", "jpeg", "png"})
             if (auto it = sample->fields.find(ext); it != sample->fields.end()) image = &it->second;
           try {
-            if (!image) SPINDLE_THROW(DataError, "spindle: " + sample->origin + " has no jpg, jpeg or png member");
-            pipe->produce_encoded(*image, WebDataset::label_of(*sample), sample->origin, draw, seed, epoch, layout,
-                                  out, count);
+            if (!image)
+              throw DataError("spindle: " + sample->origin + " has no jpg, jpeg or png member", reader->shard(),
+                              sample->key);
+            int64_t label = -1;
+            try {
+              label = WebDataset::label_of(*sample);
+            } catch (const DataError& e) {  // a bad label: named by its shard and key too
+              if (!e.path.empty()) throw;
+              throw DataError(e.what(), reader->shard(), sample->key);
+            }
+            pipe->produce_encoded(*image, label, SampleId{sample->origin, reader->shard(), sample->key}, draw, seed,
+                                  epoch, layout, out, count);
             ++count;
           } catch (const std::exception& e) {
             if (!skip) throw;

@@ -1,6 +1,6 @@
 #include <spindle/worker_context.hpp>
 
-#include <spindle/detail/parent_death.hpp>
+#include <spindle/procfs.hpp>
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -24,6 +24,9 @@ constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
 #else
 constexpr int kMadvPopulateWrite = 23;  // Linux 5.14+
 #endif
+
+static_assert(2 * WorkerContext::kMaxFailurePathBytes < BatchRing::kMinSlotStride,
+              "a failed slot holds the failure's path and key and still has room for its report");
 
 constexpr uint64_t kGrowStep = 1 << 20;  // slots grow in MiB steps: few fallocate calls
 
@@ -162,16 +165,28 @@ void WorkerContext::exhausted(const WorkItem& item) noexcept {
   finish(item, SlotState::kReady);
 }
 
-void WorkerContext::fail(const WorkItem& item, std::string_view report) noexcept {
-  const std::size_t n = std::min(report.size(), ring_.report_capacity());
-  std::memcpy(ring_.payload(item.slot), report.data(), n);
+void WorkerContext::fail(const WorkItem& item, std::string_view report, FailureKind kind, std::string_view path,
+                         std::string_view key) noexcept {
+  // Every slot has report_capacity() bytes (>= kMinSlotStride, far more than
+  // two capped names); the report gets what the path and key leave.
+  path = path.substr(0, kMaxFailurePathBytes);
+  key = key.substr(0, kMaxFailurePathBytes);
+  const std::size_t n = std::min(report.size(), ring_.report_capacity() - path.size() - key.size());
+  std::byte* out = ring_.payload(item.slot);
+  std::memcpy(out, report.data(), n);
+  std::memcpy(out + n, path.data(), path.size());
+  std::memcpy(out + n + path.size(), key.data(), key.size());
   write_raw_descriptor(ring_.descriptor(item.slot));
-  ring_.slot(item.slot).error_bytes = static_cast<uint32_t>(n);
+  SlotHeader& h = ring_.slot(item.slot);
+  h.error_bytes = static_cast<uint32_t>(n);
+  h.failure = static_cast<uint32_t>(kind);
+  h.failure_path_bytes = static_cast<uint32_t>(path.size());
+  h.failure_key_bytes = static_cast<uint32_t>(key.size());
   finish(item, SlotState::kFailed);
 }
 
 AttachedWorker::AttachedWorker(int segment_fd, int worker_id, pid_t parent) {
-  detail::die_with_process(parent);  // with the consumer process, not the thread that spawned us
+  procfs::die_with_process(parent);  // with the consumer process, not the thread that spawned us
   struct stat st {};
   if (fstat(segment_fd, &st) != 0) SPINDLE_THROW_ERRNO("spindle: worker cannot stat the loader's segment");
   size_ = static_cast<std::size_t>(st.st_size);
@@ -209,6 +224,12 @@ WorkerMain sample_worker(SampleFn fn, uint64_t sample_bytes) {
           fn(current, item->out.subspan(i * sample_bytes, sample_bytes));
         }
         ctx.commit(*item);
+      } catch (const DecodeError& e) {
+        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what(), FailureKind::kDecode, e.path, e.key);
+      } catch (const DataError& e) {
+        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what(), FailureKind::kData, e.path, e.key);
+      } catch (const InternalError& e) {
+        ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what(), FailureKind::kInternal);
       } catch (const std::exception& e) {
         ctx.fail(*item, "sample " + std::to_string(current) + ": " + e.what());
       }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <spindle/batch_plan.hpp>
+#include <spindle/error.hpp>
 #include <spindle/launcher.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
@@ -64,6 +65,11 @@ struct LoaderOptions {
   // sleeps there without the GIL and raises KeyboardInterrupt from it).
   std::function<void()> budget_poll;
   BudgetSources budget_sources;          // where limits are read (tests fake it)
+  // Native pipelines with on_error="skip" (PipelineOptions::max_skip_ratio):
+  // next() throws SkipRatioError once the samples workers skipped
+  // (Batch::skipped()) exceed this share of the samples delivered, judged
+  // from the 100th sample on and when the epoch ends. nullopt: no check.
+  std::optional<double> max_skip_ratio;
 };
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
@@ -91,6 +97,9 @@ class Batch {
   // structure bytes that came with it.
   const SlotLayout& layout() const noexcept { return contents_.layout; }
   std::string_view structure() const noexcept { return contents_.structure; }
+  // Samples of this batch the worker could not read and replaced
+  // (on_error="skip" in a native pipeline; SlotHeader::skipped).
+  uint32_t skipped() const noexcept { return skipped_; }
   // Field i as `count()` rows of T (kArrays). Throws std::invalid_argument if
   // T's size is not the field's item size.
   template <class T>
@@ -111,6 +120,7 @@ class Batch {
   std::shared_ptr<RingStorage> ring_;
   uint32_t slot_ = 0;
   int64_t batch_id_ = -1;
+  uint32_t skipped_ = 0;
   std::span<const int64_t> indices_;
   std::span<std::byte> data_;
   SlotContents contents_;
@@ -190,6 +200,8 @@ class Loader {
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
   void check_workers();
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);
+  [[noreturn]] void fail_closed(const WorkerDiedError& died);
+  void check_skips(bool final);
   std::string describe_holder(uint32_t slot) const;
   std::string describe_batch(std::size_t b) const;
 
@@ -216,7 +228,10 @@ class Loader {
   uint32_t inflight_target_ = 0;
   int64_t copied_out_ = 0;
   std::chrono::steady_clock::time_point last_check_{};
+  uint64_t samples_seen_ = 0;  // this epoch: samples delivered, and those skipped among them (max_skip_ratio)
+  uint64_t samples_skipped_ = 0;
   std::string broken_;  // set once a fatal error closed the loader
+  std::optional<WorkerDiedError> broken_died_;  // the death that closed it, raised again with its fields
   bool broken_timeout_ = false;
   // close() may come from any thread: it sets closing_, wakes the waiter,
   // then takes op_mu_ (held by next()/reset() for their whole run) before it

@@ -66,6 +66,15 @@ struct SampleError {
   std::string message;  // the decoder's or reader's words
 };
 
+// A sample's identity in errors: `origin` for the message ("sample 3
+// (root/cls/a.jpg)", "shard.tar:key"), `path` and `key` for DecodeError /
+// DataError's fields (the file or shard; the WebDataset key, empty otherwise).
+struct SampleId {
+  std::string origin;
+  std::string path;
+  std::string key;
+};
+
 class Pipeline {
  public:
   explicit Pipeline(PipelineOptions options);
@@ -85,8 +94,8 @@ class Pipeline {
   void produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
                std::size_t row) const;
   // The same for encoded bytes already read (a stream's sample); `draw` names
-  // the sample for its random draws.
-  void produce_encoded(std::span<const std::byte> encoded, int64_t label, const std::string& origin, uint64_t draw,
+  // the sample for its random draws, `id` names it in errors.
+  void produce_encoded(std::span<const std::byte> encoded, int64_t label, const SampleId& id, uint64_t draw,
                        uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
                        std::size_t row) const;
   // The WebDataset source (streaming() only).
@@ -100,7 +109,10 @@ class Pipeline {
   std::unique_ptr<Impl> impl_;
 };
 
-// What fill_batch skipped (on_error=kSkip): how many samples, and the first reason.
+// What fill_batch skipped (on_error=kSkip): how many samples, and the first
+// reason. The count travels in the batch's own field (SlotHeader::skipped,
+// Batch::skipped()); the consumer enforces max_skip_ratio on it
+// (LoaderOptions::max_skip_ratio).
 struct Skips {
   std::size_t count = 0;
   std::string first_reason;

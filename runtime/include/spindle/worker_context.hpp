@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include <spindle/detail/batch_ring.hpp>
+#include <spindle/error.hpp>
 
 namespace spindle {
 
@@ -77,9 +78,13 @@ class WorkerContext {
   void commit(const WorkItem& item, uint32_t count) noexcept;
   // Round-robin mode: this worker's stream has ended; it gets no more items.
   void exhausted(const WorkItem& item) noexcept;
-  // Publishes the item as failed; `report` (truncated to report_capacity()) is
-  // handed to the consumer in BatchFailedError::payload.
-  void fail(const WorkItem& item, std::string_view report) noexcept;
+  // Publishes the item as failed; `report` (truncated to report_capacity(),
+  // less the path and key) is handed to the consumer in
+  // BatchFailedError::payload, `kind`, `path` and `key` (each truncated to
+  // kMaxFailurePathBytes) in its fields of the same names.
+  void fail(const WorkItem& item, std::string_view report, FailureKind kind = FailureKind::kOther,
+            std::string_view path = {}, std::string_view key = {}) noexcept;
+  static constexpr std::size_t kMaxFailurePathBytes = 4096;
   const BatchRing& ring() const noexcept { return ring_; }
 
  private:

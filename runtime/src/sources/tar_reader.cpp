@@ -135,7 +135,8 @@ TarReader::~TarReader() {
 
 void TarReader::fail(uint64_t at, const std::string& what) const {
   throw DataError("corrupt tar shard '" + name_ + "' at byte offset " + std::to_string(at) + ": " + what +
-                  " (re-create or re-download the shard)");
+                  " (re-create or re-download the shard)",
+                  name_);
 }
 
 void TarReader::read_exact(uint64_t at, void* dst, std::size_t n) const {

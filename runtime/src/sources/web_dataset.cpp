@@ -226,7 +226,8 @@ std::optional<WdsSample> WdsShardReader::next() {
     if (sample.fields.count(field))
       throw DataError("WebDataset shard '" + shard_ + "': member '" + m->name + "' at byte offset " +
                       std::to_string(m->offset) + " repeats field '" + field + "' of sample '" + key +
-                      "' (each key may have each extension once)");
+                      "' (each key may have each extension once)",
+                      shard_, key);
     sample.fields.emplace(field, std::move(m->data));
   }
   if (!have) return std::nullopt;

@@ -60,7 +60,7 @@ enum class SlotState : uint32_t {
   kPosted = 1,   // batch id + indices written, item in the queue
   kFilling = 2,  // a worker claimed it and is writing the payload
   kReady = 3,    // payload complete
-  kFailed = 4,   // payload holds an error report of `error_bytes`
+  kFailed = 4,   // payload holds an error report of `error_bytes` (and the failure record's path and key)
   kLeased = 5,   // delivered; user code holds views of the payload
 };
 
@@ -80,6 +80,21 @@ struct alignas(kCacheLine) SlotHeader {
   // the slot in kFilling (one writer at a time; the state transitions order
   // it for the next holder and the consumer).
   uint64_t reserved = 0;
+  // The failure record of a kFailed slot, written by the worker (in
+  // WorkerContext::fail) before it publishes kFailed, read by the consumer
+  // after it sees kFailed; reset by the consumer before posting. `failure` is
+  // a FailureKind (error.hpp): what failed, so the consumer raises the right
+  // type without reading the report. The payload of a failed slot holds the
+  // report (`error_bytes`), then the input's path (`failure_path_bytes`), then
+  // the sample's key (`failure_key_bytes`): the file or shard and the key the
+  // failure names, empty where the worker did not know them.
+  uint32_t failure = 0;
+  uint32_t failure_path_bytes = 0;
+  uint32_t failure_key_bytes = 0;
+  // Samples of a kReady batch that on_error="skip" replaced (native pipeline):
+  // written by the worker before kReady, read by the consumer for
+  // max_skip_ratio (LoaderOptions); reset by the consumer before posting.
+  uint32_t skipped = 0;
 };
 static_assert(sizeof(SlotHeader) == kCacheLine, "one slot header per cache line");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot states are shared across processes");
