@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
-import re
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
@@ -119,11 +118,11 @@ class _PrefetchIterator(grain.DatasetIterator):
             worker, state, element = next(self._it)
         except WorkerDiedError as died:
             # grain's words for a worker that exited (e.g. sys.exit in a transform).
-            code = re.search(r"exited with code (-?\d+)", str(died))
-            if code is None:
+            if died.exitcode is None:
                 raise
-            raise WorkerDiedError(f"Worker process was terminated unexpectedly with exit code {code[1]}. "
-                                  f"{died}") from None
+            raise WorkerDiedError(f"Worker process was terminated unexpectedly with exit code {died.exitcode}. "
+                                  f"{died}", pid=died.pid, exitcode=died.exitcode, signal=died.signal,
+                                  worker=died.worker, sample=died.sample, batch=died.batch) from None
         self._states[worker] = state
         self._next_in_cycle = (worker + 1) % self._n
         return element

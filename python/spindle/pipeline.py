@@ -31,7 +31,7 @@ from ._runtime.epoch import EpochIterator
 from ._runtime.forking import forking
 from ._state.checkpoint import Position, Progress, check_state, new_state
 from ._state.sharding import resolve_shard, shard_list, shard_order
-from .errors import DataError, DecodeError, SpindleError
+from .errors import DataError, DecodeError, InternalError, SpindleError
 
 __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
 
@@ -277,8 +277,7 @@ class PipelineLoader:
         else:
             with forking():
                 runtime = _core.pipeline_loader(**kwargs)
-        it = _SkipCounting(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error),
-                           self.pipeline.errors[1])
+        it = _SkipWarnings(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error))
         if self._native.streaming:
             # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
             # comes from worker k mod N, so with the same num_workers they are the same batches).
@@ -293,32 +292,33 @@ def _jsonable(value: Any) -> Any:
 
 
 def _native_error(failed: Any) -> BaseException:
-    """A native worker's report ("Kind\\nmessage") as that kind of exception."""
-    kind, _, message = failed.payload.decode(errors="replace").partition("\n")
+    """A native worker's failed batch as the exception its failure kind names (no text parsed)."""
+    message = failed.payload.decode(errors="replace")
     where = f" (worker {failed.worker_id}, pid {failed.pid}, batch {failed.batch_id})"
-    cls = {"DecodeError": DecodeError, "DataError": DataError}.get(kind, SpindleError)
-    return cls(message + where)
+    if failed.kind == "decode":
+        return DecodeError(message + where, path=failed.path, key=failed.key)
+    if failed.kind == "data":
+        return DataError(message + where, path=failed.path, key=failed.key)
+    if failed.kind == "internal":
+        return InternalError(message + where)
+    return SpindleError(message + where)
 
 
 def _decode_fields(lease: Any) -> dict[str, Any]:
     image, label = lease.arrays()
     batch = {"image": image, "label": label}
-    if lease.structure:
-        batch["_note"] = lease.structure.decode()
+    if lease.skipped:  # the batch's own count; its structure bytes hold the first reason
+        batch["_skipped"] = (lease.skipped, lease.structure.decode(errors="replace"))
     return batch
 
 
-class _SkipCounting:
-    """Counts samples that on_error='skip' replaced; raises once they exceed the ratio."""
+class _SkipWarnings:
+    """Warns for each batch in which on_error='skip' replaced samples (the runtime enforces the ratio)."""
 
-    def __init__(self, it: EpochIterator, max_ratio: float) -> None:
+    def __init__(self, it: EpochIterator) -> None:
         self._it = it
-        self._max_ratio = max_ratio
-        self.samples = 0
-        self.skipped = 0
-        self.reasons: dict[str, int] = {}
 
-    def __iter__(self) -> "_SkipCounting":
+    def __iter__(self) -> "_SkipWarnings":
         return self
 
     @property
@@ -329,30 +329,10 @@ class _SkipCounting:
         self._it.close()
 
     def __next__(self) -> dict[str, np.ndarray]:
-        try:
-            batch = self._it.__next__()
-        except StopIteration:
-            self._check(final=True)
-            raise
-        note = batch.pop("_note", "")
-        self.samples += len(batch["label"])
-        if note:
-            fields = dict(part.split("=", 1) for part in note.split(";") if "=" in part)
-            count = int(fields.get("skipped", 0))
-            self.skipped += count
-            reason = fields.get("reason", "unknown")
-            self.reasons[reason] = self.reasons.get(reason, 0) + count
-            self._check(final=False)
+        batch = self._it.__next__()  # raises SkipRatioError itself (LoaderOptions::max_skip_ratio)
+        skipped = batch.pop("_skipped", None)
+        if skipped:
+            count, reason = skipped
             warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: {reason}", RuntimeWarning,
                           stacklevel=2)
         return batch
-
-    def _check(self, final: bool) -> None:
-        # Judged from the 100th sample on (one bad file in a first small batch is
-        # no trend), and at the end of the epoch.
-        if (final or self.samples >= 100) and self.skipped > self._max_ratio * max(self.samples, 1):
-            self._it.close()
-            raise SpindleError(
-                f"spindle: {self.skipped} of {self.samples} samples could not be read and were skipped, more "
-                f"than max_ratio={self._max_ratio}; by reason: {self.reasons}. Fix or remove the files, or raise "
-                "the ratio with .on_error('skip', max_ratio=...).")

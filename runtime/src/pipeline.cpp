@@ -360,10 +360,7 @@ namespace {
 void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
   ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
   if (!skips.count) return;
-  std::string reason = skips.first_reason.substr(0, 1000);
-  std::replace(reason.begin(), reason.end(), ';', ',');
-  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout,
-                          "skipped=" + std::to_string(skips.count) + ";reason=" + reason);
+  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, skips.first_reason.substr(0, 1000));
 }
 
 // Inside a catch block: fails the item with its failure kind, path and key
@@ -374,15 +371,15 @@ void fail_current(WorkerContext& ctx, const WorkItem& item) noexcept {
   try {
     throw;
   } catch (const DecodeError& e) {
-    ctx.fail(item, std::string("DecodeError\n") + e.what(), FailureKind::kDecode, e.path, e.key);
+    ctx.fail(item, e.what(), FailureKind::kDecode, e.path, e.key);
   } catch (const DataError& e) {
-    ctx.fail(item, std::string("DataError\n") + e.what(), FailureKind::kData, e.path, e.key);
+    ctx.fail(item, e.what(), FailureKind::kData, e.path, e.key);
   } catch (const InternalError& e) {
-    ctx.fail(item, std::string("RuntimeError\n") + e.what(), FailureKind::kInternal);
+    ctx.fail(item, e.what(), FailureKind::kInternal);
   } catch (const std::exception& e) {
-    ctx.fail(item, std::string("RuntimeError\n") + e.what());
+    ctx.fail(item, e.what());
   } catch (...) {
-    ctx.fail(item, "RuntimeError\nan unknown exception in the pipeline");
+    ctx.fail(item, "an unknown exception in the pipeline");
   }
 }
 

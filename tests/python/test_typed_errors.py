@@ -208,3 +208,19 @@ def test_decode_and_data_errors_carry_path_and_key():
     e = errors.DecodeError("spindle: cannot decode x", path="/d/x.jpg", key="0007")
     assert (str(e), e.path, e.key) == ("spindle: cannot decode x", "/d/x.jpg", "0007")
     assert errors.DataError("bad").path is None and errors.DataError("bad").key is None
+
+
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_the_native_loader_raises_decode_error_with_its_path(broken, mode):
+    """Proves: spindle.Loader raises DecodeError with .path (the bad file) and .key None, from the failure record."""
+    pipe = sp.image_folder(broken).decode().center_crop(64).batch(1)
+    it, found = iter(spindle.Loader(pipe, num_workers=1, mode=mode)), {}
+    while True:
+        try:
+            next(it)
+        except StopIteration:
+            break
+        except spindle.DecodeError as e:
+            found[os.path.basename(e.path)] = e
+    assert set(found) == {"truncated.jpg", "empty.jpg", "notes.jpg", "garbage.jpg"}
+    assert all(e.key is None and e.path in str(e) for e in found.values())

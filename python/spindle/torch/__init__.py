@@ -37,7 +37,6 @@ import numbers
 import os
 import pickle
 import random
-import re
 import signal
 import time
 import warnings
@@ -372,7 +371,7 @@ class _TorchIterator(EpochIterator):
         try:
             data = super().__next__()
         except WorkerDiedError as died:
-            raise WorkerDiedError(_torch_words(str(died))) from None
+            raise _torch_died(died) from None
         self._num_yielded += 1
         if self._stream_len is not None and self._num_yielded > self._stream_len:
             warnings.warn(
@@ -440,15 +439,16 @@ class _WorkerProcess:
         return f"<spindle.torch worker {self._worker} pid={self.pid} exitcode={self.exitcode}>"
 
 
-def _torch_words(message: str) -> str:
-    """Prefixes the runtime's report of a dead worker with the sentence torch raises for it."""
-    killed = re.search(r"\(pid (\d+)\) was killed by signal \d+ \(([^)]*)\)", message)
-    if killed:
-        return f"DataLoader worker (pid {killed[1]}) is killed by signal: {killed[2]}. {message}"
-    exited = re.search(r"\(pid (\d+)\) exited with code", message)
-    if exited:
-        return f"DataLoader worker (pid(s) {exited[1]}) exited unexpectedly. {message}"
-    return message
+def _torch_died(died: WorkerDiedError) -> WorkerDiedError:
+    """The runtime's dead-worker error with the sentence torch raises for it in front; fields kept."""
+    if died.signal is not None:
+        words = f"DataLoader worker (pid {died.pid}) is killed by signal: {signal.strsignal(died.signal)}. "
+    elif died.exitcode is not None:
+        words = f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly. "
+    else:
+        words = ""
+    return WorkerDiedError(words + str(died), pid=died.pid, exitcode=died.exitcode, signal=died.signal,
+                           worker=died.worker, sample=died.sample, batch=died.batch)
 
 
 def _integer_order(keys: list[Any]) -> Optional[np.ndarray]:
