@@ -7,6 +7,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "spindle's C++ runtime (private; use the spindle package).";
   spindle::python::register_errors(m);
   spindle::python::register_budget(m);
+  spindle::python::register_layout(m);
+  spindle::python::register_worker(m);
   spindle::python::register_loader(m);
   spindle::python::register_sources(m);
   spindle::python::register_ops(m);

@@ -1,22 +1,17 @@
 #pragma once
+// One register_<area> function per area of the _core module, each in its own
+// register_<area>.cpp; module.cpp only calls them. What the bindings share
+// beyond type conversion lives under interop/.
 #include <pybind11/pybind11.h>
 
-#include <chrono>
-#include <functional>
-
-#include <spindle/launcher.hpp>
-
 namespace spindle::python {
-// The interpreter's fork protocol, for every fork made from Python.
-ForkHooks interpreter_fork_hooks();
-// Seconds from Python (0 or inf: forever; NaN or negative: ValueError).
-std::chrono::milliseconds timeout_ms(double timeout);
-// Paces the ledger's "wait" policy: sleeps a poll period without the GIL
-// (another thread may be the one giving a lease back) and raises on Ctrl-C.
-std::function<void()> budget_poll();
-
 void register_errors(pybind11::module_& m);
 void register_budget(pybind11::module_& m);
+// SlotLayout, SampleRows, gather_rows, MIN_SLOT_BYTES.
+void register_layout(pybind11::module_& m);
+// WorkItem, WorkerExit, WorkerContext, AttachedWorker (the worker side).
+void register_worker(pybind11::module_& m);
+// LoaderOptions, Loader, Batch, CloseOnDrop (the consumer side).
 void register_loader(pybind11::module_& m);
 void register_sources(pybind11::module_& m);
 void register_ops(pybind11::module_& m);

@@ -7,6 +7,8 @@
 #include <spindle/detail/budget_ledger.hpp>
 #include <spindle/thread_budget.hpp>
 
+#include "interop/convert.hpp"
+#include "interop/fork_protocol.hpp"
 #include "register.hpp"
 
 namespace py = pybind11;

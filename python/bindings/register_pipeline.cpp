@@ -5,6 +5,8 @@
 #include <spindle/loader.hpp>
 #include <spindle/pipeline.hpp>
 
+#include "interop/convert.hpp"
+#include "interop/fork_protocol.hpp"
 #include "register.hpp"
 
 namespace py = pybind11;
@@ -55,13 +57,10 @@ void register_pipeline(py::module_& m) {
       [](std::shared_ptr<const Pipeline> pipe, const py::buffer& order, uint32_t batch_size, bool drop_last,
          int num_workers, bool threads, uint64_t seed, uint64_t epoch, int prefetch_factor, double timeout,
          std::optional<int64_t> max_threads) {
-        py::buffer_info info = order.request();
-        if (info.ndim != 1 || info.itemsize != 8 || (info.shape[0] > 1 && info.strides[0] != 8))
-          throw py::value_error("spindle: order must be a contiguous 1-D int64 array");
-        const auto* p = static_cast<const int64_t*>(info.ptr);
+        std::vector<int64_t> indices = int64_vector(order, "order");
         const bool stream = pipe->streaming();
         BatchPlan plan = stream ? BatchPlan::chunked({}, batch_size, false)
-                                : BatchPlan::chunked(std::vector<int64_t>(p, p + info.shape[0]), batch_size, drop_last);
+                                : BatchPlan::chunked(std::move(indices), batch_size, drop_last);
         LoaderOptions o;
         o.round_robin = stream;  // a stream: batch k from worker k mod N, until every worker's shards end
         o.num_workers = num_workers;

@@ -1,0 +1,77 @@
+#include "fork_protocol.hpp"
+
+#include <Python.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <memory>
+#include <thread>
+
+#include <pybind11/pybind11.h>
+
+#include <spindle/detail/budget_ledger.hpp>
+
+namespace py = pybind11;
+
+namespace spindle::python {
+
+// The interpreter's own fork protocol: takes the import lock and the GIL's
+// internals around fork and re-initializes threading state in the child,
+// exactly as os.fork() does.
+//
+// Signals are blocked from before each fork until its hooks have run, in both
+// processes: the interpreter runs Python at-fork callbacks there (logging's,
+// concurrent.futures'), and a signal handler that ran inside one would have
+// its exception printed and dropped (a Ctrl-C lost). A signal that arrives
+// meanwhile is delivered when the mask is restored; one already pending is
+// handled first, and its exception (KeyboardInterrupt) stops the start.
+ForkHooks interpreter_fork_hooks() {
+  struct Masks {
+    sigset_t blocked;  // what the hooks block (and unblock again): not what was blocked before
+  };
+  auto masks = std::make_shared<Masks>();
+  auto unblock = [masks] { pthread_sigmask(SIG_UNBLOCK, &masks->blocked, nullptr); };
+  return ForkHooks{[masks] {
+                     sigset_t all, before;
+                     sigfillset(&all);
+                     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS})
+                       sigdelset(&all, sig);  // faults are raised synchronously; blocked, they kill
+                     pthread_sigmask(SIG_BLOCK, &all, &before);
+                     sigemptyset(&masks->blocked);
+                     for (int sig = 1; sig < NSIG; ++sig)
+                       if (sigismember(&all, sig) == 1 && sigismember(&before, sig) == 0)
+                         sigaddset(&masks->blocked, sig);
+                     if (PyErr_CheckSignals() != 0) {
+                       pthread_sigmask(SIG_UNBLOCK, &masks->blocked, nullptr);
+                       throw py::error_already_set();
+                     }
+                     PyOS_BeforeFork();
+                   },
+                   [unblock] {
+                     PyOS_AfterFork_Parent();
+                     unblock();
+                   },
+                   [unblock] {
+                     PyOS_AfterFork_Child();
+                     unblock();
+                   }};
+}
+
+std::function<void()> budget_poll() {
+  return [] {
+    {
+      py::gil_scoped_release release;
+      std::this_thread::sleep_for(BudgetLedger::kPollPeriod);
+    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
+std::function<void()> next_poll() {
+  return [] {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
+}  // namespace spindle::python

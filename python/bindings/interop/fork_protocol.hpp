@@ -1,0 +1,19 @@
+#pragma once
+// How the runtime's forks and blocking waits meet the interpreter: the fork
+// protocol os.fork() follows, and the polls that let Python's signal
+// handlers run (Ctrl-C) while the runtime waits without the GIL.
+#include <functional>
+
+#include <spindle/launcher.hpp>
+
+namespace spindle::python {
+// The interpreter's fork protocol, for every fork made from Python (the
+// forking thread holds the GIL).
+ForkHooks interpreter_fork_hooks();
+// Paces the ledger's "wait" policy: sleeps a poll period without the GIL
+// (another thread may be the one giving a lease back) and raises on Ctrl-C.
+std::function<void()> budget_poll();
+// Loader::next's poll, called without the GIL: takes it and raises what a
+// signal handler raised (KeyboardInterrupt), within one supervision period.
+std::function<void()> next_poll();
+}  // namespace spindle::python
