@@ -231,13 +231,17 @@ class DataLoader:
         body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
                        seed_batch=self._batch_seeds(self._epoch_cell))
+        options = _core.LoaderOptions()
+        options.num_workers = self.num_workers
+        options.batch_capacity = self.batch_size
+        options.max_batch_bytes = self.max_batch_bytes
+        options.prefetch_factor = self.prefetch_factor
+        options.in_order = self.in_order
+        options.timeout = self.timeout
+        options.max_threads = self.max_threads
+        options.budget_policy = self.budget_policy
         with forking():
-            runtime = _core.Loader(
-                order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx),
-                num_workers=self.num_workers, batch_capacity=self.batch_size,
-                max_batch_bytes=self.max_batch_bytes,
-                prefetch_factor=self.prefetch_factor, in_order=self.in_order, timeout=self.timeout,
-                max_threads=self.max_threads, budget_policy=self.budget_policy)
+            runtime = _core.Loader(options, order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx))
         warn_if_shrunk(runtime, stacklevel=3)
         return runtime
 

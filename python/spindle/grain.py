@@ -158,15 +158,19 @@ class _PrefetchIterator(grain.DatasetIterator):
         # Arrays zero-copy, anything else pickled; slots grow to the largest element.
         body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=ArrayElements(), setup=setup, batch_size=1,
                        drop_last=False, restart=_WorkerSlice.restart)
+        options = _core.LoaderOptions()
+        options.round_robin = True
+        options.first_worker = self._next_in_cycle
+        options.num_workers = n
+        options.batch_capacity = 1
+        options.prefetch_factor = self._buffer_size
+        options.in_order = True
+        # Not "shrink": grain's per-worker slices and checkpoint state are tied to
+        # the worker count the user chose (as before the ledger: ThreadBudgetError
+        # when short).
+        options.budget_policy = fixed_worker_policy()
         with forking():
-            runtime = _core.Loader(
-                order=np.empty(0, np.int64), round_robin=True, first_worker=self._next_in_cycle,
-                worker_main=lambda ctx: body(ctx), num_workers=n, batch_capacity=1,
-                prefetch_factor=self._buffer_size, in_order=True,
-                # Not "shrink": grain's per-worker slices and checkpoint state are
-                # tied to the worker count the user chose (as before the ledger:
-                # ThreadBudgetError when short).
-                budget_policy=fixed_worker_policy())
+            runtime = _core.Loader(options, order=np.empty(0, np.int64), worker_main=lambda ctx: body(ctx))
         return runtime
 
     @property

@@ -137,7 +137,7 @@ def test_skip_ratio_is_enforced_by_the_runtime_with_its_counts(broken, mode):
 
 @pytest.mark.parametrize("threads", [False, True])
 def test_skip_counts_ride_in_the_batch_not_its_structure(broken, threads):
-    """Proves: each batch's skip count is its own field (Lease.skipped), read without parsing the structure bytes."""
+    """Proves: each batch's skip count is its own field (Batch.skipped), read without parsing the structure bytes."""
     native = _core.Pipeline(sp.image_folder(broken).decode().center_crop(64).batch(8)
                             .on_error("skip", max_ratio=0.5).options())
     order = np.arange(len(native), dtype=np.int64)

@@ -19,7 +19,7 @@ class EpochIterator:
     at the end of the epoch.
     """
 
-    def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Lease], Any], *, owns: bool,
+    def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Batch], Any], *, owns: bool,
                  owner: Optional[Any] = None, epoch: int = 0,
                  reraise: Optional[Callable[[BatchFailedError], BaseException]] = None) -> None:
         self._runtime = runtime

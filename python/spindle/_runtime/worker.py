@@ -39,7 +39,7 @@ def read_stream_kept(ctx: Any, item: Any, stream: Any, first: Any, count: int, p
 
 
 def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
-    """Lease -> the user's batch: arrays through `reader`, byte strings unpickled."""
+    """Batch -> the user's batch: arrays through `reader`, byte strings unpickled."""
     def decode(lease: Any) -> Any:
         if lease.kind == "arrays":
             return reader.read(lease)

@@ -214,11 +214,15 @@ class DataLoader(Generic[_T_co]):
             # In order, batch k goes to worker k mod N, as torch sends it. Out of
             # order, torch gives a batch only to a worker with room (a slow worker
             # is skipped); here a free worker takes the next batch.
-            runtime = self._runtime_for(
-                run_worker, dict(dataset=workers_see, transport=transport, setup=setup),
-                order=order, starts=starts, assign_in_turn=loader.in_order, num_workers=loader.num_workers,
-                batch_capacity=self._capacity, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
-                timeout=loader.timeout)
+            options = _core.LoaderOptions()
+            options.assign_in_turn = loader.in_order
+            options.num_workers = loader.num_workers
+            options.batch_capacity = self._capacity
+            options.prefetch_factor = loader.prefetch_factor
+            options.in_order = loader.in_order
+            options.timeout = loader.timeout
+            runtime = self._runtime_for(run_worker, dict(dataset=workers_see, transport=transport, setup=setup),
+                                        options, order=order, starts=starts)
             if self.persistent_workers:
                 self._keep(runtime)
                 self._keyed = (isinstance(workers_see, _ByPosition)
@@ -250,25 +254,26 @@ class DataLoader(Generic[_T_co]):
             method = context if isinstance(context, str) else context.get_start_method()
         return method in ("spawn", "forkserver")
 
-    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], **options: Any) -> _core.Loader:
+    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], options: _core.LoaderOptions, *,
+                     order: np.ndarray, starts: Optional[np.ndarray] = None) -> _core.Loader:
         """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
         # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
-        options["budget_policy"] = resolve_policy(None)
+        options.budget_policy = resolve_policy(None)
         if self._spawns():
             fd = payload_fd(body, kwargs)
             try:
-                runtime = _core.Loader(worker_main=lambda ctx: 0, spawn_argv=worker_argv(), spawn_fds=[fd],
-                                       **options)
+                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(), spawn_fds=[fd])
             finally:
                 os.close(fd)
         else:
             with forking():
-                runtime = _core.Loader(worker_main=lambda ctx: body(ctx, **kwargs), **options)
+                runtime = _core.Loader(options, order=order, starts=starts,
+                                       worker_main=lambda ctx: body(ctx, **kwargs))
         warn_if_shrunk(runtime, stacklevel=4)
         return runtime
 
     def _decoder(self) -> Callable[[Any], Any]:
-        """Lease -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
+        """Batch -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
         decode = batch_decoder(BatchReader(convert=torch.from_numpy, tuples_as_lists=True))
         if self._torch.pin_memory and torch.cuda.is_available():
             from torch.utils.data._utils.pin_memory import pin_memory
@@ -302,12 +307,18 @@ class DataLoader(Generic[_T_co]):
             setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
+            options = _core.LoaderOptions()
+            options.round_robin = True
+            options.num_workers = loader.num_workers
+            options.batch_capacity = n
+            options.prefetch_factor = loader.prefetch_factor
+            options.in_order = loader.in_order
+            options.timeout = loader.timeout
             runtime = self._runtime_for(
                 run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
                                         drop_last=loader.drop_last,
                                         restart=partial(_reseed_stream, dataset=loader.dataset)),
-                order=np.empty(0, np.int64), round_robin=True, num_workers=loader.num_workers, batch_capacity=n,
-                prefetch_factor=loader.prefetch_factor, in_order=loader.in_order, timeout=loader.timeout)
+                options, order=np.empty(0, np.int64))
             if self.persistent_workers:
                 self._keep(runtime)
             return runtime
