@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'CloseOnDrop', 'ImageFolder', 'Lease', 'LedgerLease', 'Loader', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_stat', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_stat', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -135,45 +135,6 @@ class SampleRows:
         """
         True if `sample` matches this structure exactly (read_rows would copy it as it is).
         """
-class Lease:
-    """
-    A delivered batch: its bytes stay valid, and its ring slot reserved, while this object or any buffer made from it lives.
-    """
-    def arrays(self) -> list:
-        """
-        The batch's fields as numpy arrays of `count` rows viewing the slot (they keep it reserved).
-        """
-    def bytes(self) -> numpy.ndarray:
-        """
-        The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).
-        """
-    @property
-    def batch_id(self) -> int:
-        ...
-    @property
-    def copied_out(self) -> bool:
-        ...
-    @property
-    def count(self) -> int:
-        ...
-    @property
-    def indices(self) -> list[int]:
-        ...
-    @property
-    def kind(self) -> str:
-        """
-        'arrays' (fields laid out by a SlotLayout), 'bytes' (one byte string) or 'raw'.
-        """
-    @property
-    def skipped(self) -> int:
-        """
-        Samples of this batch the worker could not read and replaced (on_error='skip').
-        """
-    @property
-    def structure(self) -> bytes:
-        """
-        The structure bytes the worker sent with an 'arrays' batch.
-        """
 class WorkItem:
     @property
     def batch_id(self) -> int:
@@ -283,9 +244,160 @@ class AttachedWorker:
     @property
     def context(self) -> WorkerContext:
         ...
-class Loader:
-    def __init__(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable, num_workers: typing.SupportsInt | typing.SupportsIndex, batch_capacity: typing.SupportsInt | typing.SupportsIndex, slot_bytes: typing.SupportsInt | typing.SupportsIndex = 0, max_batch_bytes: typing.SupportsInt | typing.SupportsIndex | None = None, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, in_order: bool = True, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None, round_robin: bool = False, assign_in_turn: bool = False, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [], budget_policy: str = 'shrink') -> None:
+class LoaderOptions:
+    """
+    How a Loader runs (loader.hpp): workers, slots, ordering, waiting and the thread budget. Set the fields, then pass it to Loader.
+    """
+    def __init__(self) -> None:
         ...
+    def __repr__(self) -> str:
+        ...
+    @property
+    def assign_in_turn(self) -> bool:
+        """
+        Planned batches: batch k always goes to worker k mod N (as torch assigns them).
+        """
+    @assign_in_turn.setter
+    def assign_in_turn(self, arg0: bool) -> None:
+        ...
+    @property
+    def batch_capacity(self) -> int:
+        """
+        Max samples per batch.
+        """
+    @batch_capacity.setter
+    def batch_capacity(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def budget_policy(self) -> str:
+        """
+        When fewer tasks are free than num_workers: 'shrink', 'wait' or 'fail'.
+        """
+    @budget_policy.setter
+    def budget_policy(self, arg1: str) -> None:
+        ...
+    @property
+    def first_worker(self) -> int:
+        """
+        Round-robin: the worker asked for batch 0.
+        """
+    @first_worker.setter
+    def first_worker(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def in_order(self) -> bool:
+        """
+        Deliver by batch id; False: as they finish.
+        """
+    @in_order.setter
+    def in_order(self, arg0: bool) -> None:
+        ...
+    @property
+    def max_batch_bytes(self) -> int:
+        """
+        The largest batch a slot may hold.
+        """
+    @max_batch_bytes.setter
+    def max_batch_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def max_skip_ratio(self) -> float | None:
+        """
+        next() raises SkipRatioError once skipped samples exceed this share (None: no check).
+        """
+    @max_skip_ratio.setter
+    def max_skip_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def max_threads(self) -> int | None:
+        """
+        User cap on tasks the loader adds (None: none).
+        """
+    @max_threads.setter
+    def max_threads(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+        ...
+    @property
+    def num_workers(self) -> int:
+        ...
+    @num_workers.setter
+    def num_workers(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def prefetch_factor(self) -> int:
+        """
+        Batches in flight per worker.
+        """
+    @prefetch_factor.setter
+    def prefetch_factor(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def round_robin(self) -> bool:
+        """
+        Streams: batch k is asked of worker k mod N until every worker's stream ends.
+        """
+    @round_robin.setter
+    def round_robin(self, arg0: bool) -> None:
+        ...
+    @property
+    def slot_bytes(self) -> int:
+        """
+        Payload bytes reserved per slot up front (0: the minimum); slots grow up to max_batch_bytes.
+        """
+    @slot_bytes.setter
+    def slot_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def timeout(self) -> float:
+        """
+        Max wait for one batch, in seconds (0 or inf: forever).
+        """
+    @timeout.setter
+    def timeout(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+class Batch:
+    """
+    A delivered batch: its bytes stay valid, and its ring slot reserved, while this object or any buffer made from it lives.
+    """
+    def arrays(self) -> list:
+        """
+        The batch's fields as numpy arrays of `count` rows viewing the slot (they keep it reserved).
+        """
+    def bytes(self) -> numpy.ndarray:
+        """
+        The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).
+        """
+    @property
+    def batch_id(self) -> int:
+        ...
+    @property
+    def copied_out(self) -> bool:
+        ...
+    @property
+    def count(self) -> int:
+        ...
+    @property
+    def indices(self) -> list[int]:
+        ...
+    @property
+    def kind(self) -> str:
+        """
+        'arrays' (fields laid out by a SlotLayout), 'bytes' (one byte string) or 'raw'.
+        """
+    @property
+    def skipped(self) -> int:
+        """
+        Samples of this batch the worker could not read and replaced (on_error='skip').
+        """
+    @property
+    def structure(self) -> bytes:
+        """
+        The structure bytes the worker sent with an 'arrays' batch.
+        """
+class Loader:
+    def __init__(self, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable | None = None, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
+        """
+        Starts the workers: forked, each running worker_main(ctx), or spawned from spawn_argv (handed spawn_fds; worker_main unused), over `order` cut into batches of options.batch_capacity (or where `starts` says).
+        """
     def close(self, grace: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
         """
         Stops the workers (busy ones get `grace` seconds before SIGKILL); safe from any thread (a next() waiting elsewhere returns None).

@@ -88,7 +88,7 @@ py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, 
   return py::reinterpret_steal<py::object>(sample);
 }
 
-py::tuple read_samples(WorkerContext& ctx, const WorkItem& item, py::handle dataset, py::object first) {
+std::pair<py::list, std::vector<int64_t>> read_samples(WorkerContext& ctx, const WorkItem& item, py::handle dataset, py::object first) {
   // dataset[i] for each index, as a Python loop would call it, with the
   // crash record naming the sample being read.
   const std::size_t n = item.indices.size();
@@ -97,7 +97,7 @@ py::tuple read_samples(WorkerContext& ctx, const WorkItem& item, py::handle data
     py::object sample = i == 0 && !first.is_none() ? first : read_sample(ctx, item, i, dataset);
     PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample.release().ptr());
   }
-  return py::make_tuple(std::move(samples), std::vector<int64_t>(item.indices.begin(), item.indices.end()));
+  return {std::move(samples), std::vector<int64_t>(item.indices.begin(), item.indices.end())};
 }
 
 py::object read_rows(WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows,

@@ -5,6 +5,8 @@
 // put_samples, with the crash record naming the sample being read.
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
@@ -19,8 +21,8 @@ pybind11::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size
 
 // ([dataset[i] for i in item.indices], item.indices); `first`, if not None,
 // is sample 0, already read.
-pybind11::tuple read_samples(WorkerContext& ctx, const WorkItem& item, pybind11::handle dataset,
-                             pybind11::object first);
+std::pair<pybind11::list, std::vector<int64_t>> read_samples(WorkerContext& ctx, const WorkItem& item,
+                                                             pybind11::handle dataset, pybind11::object first);
 
 // read_samples and put_samples in one pass (RowsAsRead): None if the whole
 // batch was written, else (written, kinds, rest).
