@@ -129,7 +129,7 @@ def test_skip_ratio_is_enforced_by_the_runtime_with_its_counts(broken, mode):
     strict = sp.image_folder(broken).decode().center_crop(64).batch(41).on_error("skip", max_ratio=0.01)
     with pytest.raises(errors.SkipRatioError, match=r"4 of 41 samples could not be read") as info:
         with pytest.warns(RuntimeWarning):
-            for _ in spindle.Loader(strict, num_workers=1, mode=mode):
+            for _ in spindle.PipelineLoader(strict, num_workers=1, mode=mode):
                 pass
     assert (info.value.skipped, info.value.samples, info.value.max_ratio) == (4, 41, 0.01)
     assert isinstance(info.value, spindle.SpindleError)
@@ -212,9 +212,9 @@ def test_decode_and_data_errors_carry_path_and_key():
 
 @pytest.mark.parametrize("mode", ["processes", "threads"])
 def test_the_native_loader_raises_decode_error_with_its_path(broken, mode):
-    """Proves: spindle.Loader raises DecodeError with .path (the bad file) and .key None, from the failure record."""
+    """Proves: spindle.PipelineLoader raises DecodeError with .path (the bad file) and .key None, from the failure record."""
     pipe = sp.image_folder(broken).decode().center_crop(64).batch(1)
-    it, found = iter(spindle.Loader(pipe, num_workers=1, mode=mode)), {}
+    it, found = iter(spindle.PipelineLoader(pipe, num_workers=1, mode=mode)), {}
     while True:
         try:
             next(it)
