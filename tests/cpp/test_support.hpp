@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -222,6 +224,16 @@ inline std::optional<std::string> run_in_pid_namespace(const std::function<std::
 // Inside run_in_pid_namespace: forks a child that sleeps until killed and
 // gets pid `pid` (free again after its process was reaped), via ns_last_pid.
 // Returns the child's pid, which differs from `pid` only if that failed.
+// Samples 0..n-1 in order, cut into batches of `size` (the last one shorter).
+inline std::vector<std::vector<int64_t>> consecutive_batches(int64_t n, int64_t size) {
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t i = 0; i < n; i += size) {
+    out.emplace_back();
+    for (int64_t j = i; j < std::min(n, i + size); ++j) out.back().push_back(j);
+  }
+  return out;
+}
+
 inline pid_t fork_sleeper_with_pid(pid_t pid) {
   {
     std::ofstream last("/proc/sys/kernel/ns_last_pid");

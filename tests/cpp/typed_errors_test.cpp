@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <cstdint>
 #include <numeric>
@@ -35,14 +36,7 @@ constexpr int64_t kFatal = 77;  // the sample whose worker dies
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-std::vector<std::vector<int64_t>> batches_of(int64_t n, int64_t batch) {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t i = 0; i < n; i += batch) {
-    out.emplace_back();
-    for (int64_t j = i; j < std::min(n, i + batch); ++j) out.back().push_back(j);
-  }
-  return out;
-}
+std::vector<std::vector<int64_t>> batches_of(int64_t n, int64_t batch) { return testing::consecutive_batches(n, batch); }
 
 LoaderOptions two_workers() {
   LoaderOptions o;
@@ -194,7 +188,8 @@ struct BrokenFolder {
   std::shared_ptr<const Pipeline> pipe;
   explicit BrokenFolder(double max_ratio) {
     for (int i = 0; i < 50; ++i) {
-      const std::string name = (i < 10 ? "0" : "") + std::to_string(i) + ".png";
+      char name[16];
+      std::snprintf(name, sizeof name, "%02d.png", i);
       write_file(dir.path() / "cls" / name, i % 10 == 3 ? std::string("not a png") : kPng);
     }
     PipelineOptions o;

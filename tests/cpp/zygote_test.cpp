@@ -17,6 +17,8 @@
 #include <spindle/thread_budget.hpp>
 #include <spindle/zygote.hpp>
 
+#include "test_support.hpp"
+
 namespace {
 
 constexpr uint64_t kSampleBytes = 256;
@@ -46,14 +48,7 @@ void slow_sample(int64_t index, std::span<std::byte> out) {
 
 std::unique_ptr<spindle::Zygote> g_zygote;
 
-std::vector<std::vector<int64_t>> batches(int64_t n, int64_t size) {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t i = 0; i < n; i += size) {
-    out.emplace_back();
-    for (int64_t j = i; j < std::min(n, i + size); ++j) out.back().push_back(j);
-  }
-  return out;
-}
+std::vector<std::vector<int64_t>> batches(int64_t n, int64_t size) { return spindle::testing::consecutive_batches(n, size); }
 
 // Takes every batch `loader` delivers, checks that each sample starts with the
 // byte locked_sample and slow_sample write (index % 251), and counts the samples

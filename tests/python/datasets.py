@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import faulthandler
 import os
+import resource
 import signal
 import time
 
@@ -67,6 +69,32 @@ class KillsItselfAt(BadAt):
 
     def go_wrong(self, i: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SegfaultsAt(BadAt):
+    """The worker that loads `bad` dies by SIGSEGV (no core file)."""
+
+    def go_wrong(self, i: int) -> None:
+        faulthandler.disable()  # pytest's handler would print this worker's stack first
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class ExitsAt(BadAt):
+    """The worker that loads `bad` calls exit(3) (no Python cleanup)."""
+
+    def go_wrong(self, i: int) -> None:
+        os._exit(3)
+
+
+def add_broken_images(root) -> None:
+    """Adds to an image folder (classes cat, dog, zebra; cat/img00.jpg a good JPEG) a truncated
+    JPEG, a zero-byte file, a text file named .jpg and corrupt bytes: 4 files no decoder reads."""
+    good = (root / "cat" / "img00.jpg").read_bytes()
+    (root / "cat" / "truncated.jpg").write_bytes(good[:len(good) // 3])
+    (root / "dog" / "empty.jpg").write_bytes(b"")
+    (root / "dog" / "notes.jpg").write_bytes(b"this is not an image\n" * 10)
+    (root / "zebra" / "garbage.jpg").write_bytes(good[:20] + bytes(range(256)) * 8)
 
 
 class SlowAt(Images):

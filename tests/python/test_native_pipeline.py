@@ -12,6 +12,7 @@ import pytest
 
 import spindle
 from spindle import pipeline as sp
+from datasets import add_broken_images
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -122,11 +123,7 @@ def broken(folder, tmp_path):
     """The folder plus a truncated JPEG, a zero-byte file, a text file named .jpg and corrupt bytes."""
     root = tmp_path / "broken"
     shutil.copytree(folder, root)
-    good = (root / "cat" / "img00.jpg").read_bytes()
-    (root / "cat" / "truncated.jpg").write_bytes(good[:len(good) // 3])
-    (root / "dog" / "empty.jpg").write_bytes(b"")
-    (root / "dog" / "notes.jpg").write_bytes(b"this is not an image\n" * 10)
-    (root / "zebra" / "garbage.jpg").write_bytes(good[:20] + bytes(range(256)) * 8)
+    add_broken_images(root)
     return root
 
 

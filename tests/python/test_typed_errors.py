@@ -1,10 +1,7 @@
 """Typed failures end to end: the fields the runtime sets on spindle's exceptions (no message parsing)."""
 
-import faulthandler
 import io
 import os
-import resource
-import shutil
 import signal
 import tarfile
 
@@ -15,37 +12,9 @@ import spindle
 from spindle import _core
 from spindle import errors
 from spindle import pipeline as sp
-from datasets import Images, KillsItselfAt
+from datasets import ExitsAt, KillsItselfAt, SegfaultsAt, add_broken_images
 
 PIL = pytest.importorskip("PIL.Image")
-
-
-class SegfaultsAt(Images):
-    """The worker that loads `bad` dies by SIGSEGV (no core file)."""
-
-    def __init__(self, bad: int, n: int = 200) -> None:
-        super().__init__(n)
-        self.bad = bad
-
-    def __getitem__(self, i: int):
-        if i == self.bad:
-            faulthandler.disable()  # pytest's handler would print this worker's stack first
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            os.kill(os.getpid(), signal.SIGSEGV)
-        return super().__getitem__(i)
-
-
-class ExitsAt(Images):
-    """The worker that loads `bad` calls exit(3) (no Python cleanup)."""
-
-    def __init__(self, bad: int, n: int = 200) -> None:
-        super().__init__(n)
-        self.bad = bad
-
-    def __getitem__(self, i: int):
-        if i == self.bad:
-            os._exit(3)
-        return super().__getitem__(i)
 
 
 def death(dataset) -> tuple[errors.WorkerDiedError, set[int]]:
@@ -115,11 +84,7 @@ def broken(tmp_path_factory):
         for k in range(12 + (c == 2)):
             img = rng.integers(0, 256, (80, 96, 3), dtype=np.uint8)
             PIL.fromarray(img).save(root / name / f"img{k:02d}.jpg", quality=90)
-    good = (root / "cat" / "img00.jpg").read_bytes()
-    (root / "cat" / "truncated.jpg").write_bytes(good[:len(good) // 3])
-    (root / "dog" / "empty.jpg").write_bytes(b"")
-    (root / "dog" / "notes.jpg").write_bytes(b"this is not an image\n" * 10)
-    (root / "zebra" / "garbage.jpg").write_bytes(good[:20] + bytes(range(256)) * 8)
+    add_broken_images(root)
     return root
 
 
@@ -129,7 +94,7 @@ def test_skip_ratio_is_enforced_by_the_runtime_with_its_counts(broken, mode):
     strict = sp.image_folder(broken).decode().center_crop(64).batch(41).on_error("skip", max_ratio=0.01)
     with pytest.raises(errors.SkipRatioError, match=r"4 of 41 samples could not be read") as info:
         with pytest.warns(RuntimeWarning):
-            for _ in spindle.Loader(strict, num_workers=1, mode=mode):
+            for _ in spindle.PipelineLoader(strict, num_workers=1, mode=mode):
                 pass
     assert (info.value.skipped, info.value.samples, info.value.max_ratio) == (4, 41, 0.01)
     assert isinstance(info.value, spindle.SpindleError)
@@ -212,9 +177,9 @@ def test_decode_and_data_errors_carry_path_and_key():
 
 @pytest.mark.parametrize("mode", ["processes", "threads"])
 def test_the_native_loader_raises_decode_error_with_its_path(broken, mode):
-    """Proves: spindle.Loader raises DecodeError with .path (the bad file) and .key None, from the failure record."""
+    """Proves: spindle.PipelineLoader raises DecodeError with .path (the bad file) and .key None, from the failure record."""
     pipe = sp.image_folder(broken).decode().center_crop(64).batch(1)
-    it, found = iter(spindle.Loader(pipe, num_workers=1, mode=mode)), {}
+    it, found = iter(spindle.PipelineLoader(pipe, num_workers=1, mode=mode)), {}
     while True:
         try:
             next(it)

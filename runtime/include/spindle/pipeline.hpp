@@ -5,9 +5,9 @@
 //   "image"  uint8 [H, W, 3] (or float32 [H, W, 3] / [3, H, W] after normalize)
 //   "label"  int64 []
 //
-// It runs the same way in a forked worker (processes mode: Loader with
-// pipeline_worker()) and on the arena's threads in the consumer (threads
-// mode: ThreadLoader), and gives the same bytes either way: every random draw
+// It runs the same way in a forked worker (processes mode: a Loader with
+// Launcher::fork(pipeline_worker(...))) and on the arena's threads in the
+// consumer (threads mode: Launcher::threads(pipeline_worker(...))), and gives the same bytes either way: every random draw
 // comes from Rng(seed, epoch, sample index), never from a stream that depends
 // on which worker or thread ran the sample, or in what order.
 //
@@ -59,13 +59,6 @@ struct PipelineOptions {
   double max_skip_ratio = 0.05;
 };
 
-// What went wrong with one sample (kept by a worker; the consumer raises it).
-struct SampleError {
-  int64_t index = -1;
-  std::string origin;   // file path, or shard:key
-  std::string message;  // the decoder's or reader's words
-};
-
 // A sample's identity in errors: `origin` for the message ("sample 3
 // (root/cls/a.jpg)", "shard.tar:key"), `path` and `key` for DecodeError /
 // DataError's fields (the file or shard; the WebDataset key, empty otherwise).
@@ -89,8 +82,8 @@ class Pipeline {
   SlotLayout layout(uint32_t capacity) const;
 
   // Produces sample `index` of epoch `epoch` into row `row` of a payload laid
-  // out by layout(). Throws SampleError-carrying spindle::DecodeError /
-  // DataError on bad input (the caller decides: fail or skip).
+  // out by layout(). Throws spindle::DecodeError / DataError (with the
+  // sample's path and key) on bad input (the caller decides: fail or skip).
   void produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
                std::size_t row) const;
   // The same for encoded bytes already read (a stream's sample); `draw` names
