@@ -173,9 +173,14 @@ void WorkerContext::fail(const WorkItem& item, std::string_view report, FailureK
   key = key.substr(0, kMaxFailurePathBytes);
   const std::size_t n = std::min(report.size(), ring_.report_capacity() - path.size() - key.size());
   std::byte* out = ring_.payload(item.slot);
-  std::memcpy(out, report.data(), n);
-  std::memcpy(out + n, path.data(), path.size());
-  std::memcpy(out + n + path.size(), key.data(), key.size());
+  // An empty view may hold a null pointer, which memcpy must not be given.
+  auto put = [&out](std::string_view part, std::size_t bytes) {
+    if (bytes) std::memcpy(out, part.data(), bytes);
+    out += bytes;
+  };
+  put(report, n);
+  put(path, path.size());
+  put(key, key.size());
   write_raw_descriptor(ring_.descriptor(item.slot));
   SlotHeader& h = ring_.slot(item.slot);
   h.error_bytes = static_cast<uint32_t>(n);
