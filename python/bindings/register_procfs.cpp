@@ -27,6 +27,32 @@ void register_procfs(py::module_& m) {
                ", start_time=" + std::to_string(s.start_time) + ")";
       });
 
+  py::class_<procfs::ProcessStatus>(m, "ProcessStatus", "The fields of /proc/<pid>/status the package uses.")
+      .def_readonly("name", &procfs::ProcessStatus::name, "Name:")
+      .def_readonly("ppid", &procfs::ProcessStatus::ppid, "PPid:")
+      .def_readonly("real_uid", &procfs::ProcessStatus::real_uid, "The first of Uid: (the real uid).")
+      .def_readonly("threads", &procfs::ProcessStatus::threads, "Threads:")
+      .def("__repr__", [](const procfs::ProcessStatus& s) {
+        return "ProcessStatus(name='" + s.name + "', ppid=" + std::to_string(s.ppid) +
+               ", real_uid=" + std::to_string(s.real_uid) + ", threads=" + std::to_string(s.threads) + ")";
+      });
+
+  m.def(
+      "process_status",
+      [](int pid, const std::string& proc_root) {
+        py::gil_scoped_release release;
+        return procfs::read_status(pid, proc_root);
+      },
+      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "/proc/<pid>/status parsed; None if the process is gone. OSError if it cannot be read.");
+  m.def(
+      "process_ids",
+      [](const std::string& proc_root) {
+        py::gil_scoped_release release;
+        return procfs::process_ids(proc_root);
+      },
+      py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "The pids listed in /proc (every process, kernel threads included), ascending.");
   m.def(
       "process_stat",
       [](int pid, const std::string& proc_root) {

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_stat', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -702,6 +702,32 @@ class ProcessStat:
         """
         The state letter (field 3): R, S, D, T, t, Z, X, ...
         """
+class ProcessStatus:
+    """
+    The fields of /proc/<pid>/status the package uses.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        """
+        Name:
+        """
+    @property
+    def ppid(self) -> int:
+        """
+        PPid:
+        """
+    @property
+    def real_uid(self) -> int:
+        """
+        The first of Uid: (the real uid).
+        """
+    @property
+    def threads(self) -> int:
+        """
+        Threads:
+        """
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
@@ -762,9 +788,17 @@ def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batc
     """
     A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
     """
+def process_ids(*, proc_root: str = '/proc') -> list[int]:
+    """
+    The pids listed in /proc (every process, kernel threads included), ascending.
+    """
 def process_stat(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> ProcessStat | None:
     """
     /proc/<pid>/stat parsed (comm may hold spaces and ')'); None if the process is gone. OSError if it cannot be read.
+    """
+def process_status(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> ProcessStatus | None:
+    """
+    /proc/<pid>/status parsed; None if the process is gone. OSError if it cannot be read.
     """
 def process_threads(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> list[tuple[int, str]] | None:
     """

@@ -53,9 +53,12 @@ def _number(text: str | None) -> int | None:
     return int(word) if word.isdigit() else None
 
 
-def _status(pid: int) -> dict[str, str]:
-    text = _read(f"/proc/{pid}/status") or ""
-    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+def _status(pid: int) -> _core.ProcessStatus | None:
+    """/proc/<pid>/status as the core's procfs reads it; None if the process is gone or unreadable."""
+    try:
+        return _core.process_status(pid)
+    except OSError:
+        return None
 
 
 def _nproc_limits(pid: int | None) -> tuple[int | None, int | None]:
@@ -80,22 +83,20 @@ def cgroup_pids_levels(pid: int | None = None, cgroup_root: str = "/sys/fs/cgrou
 def _processes(uid: int) -> tuple[list[int], int]:
     """(pids of user processes of real uid `uid`, tasks of all processes on the node)."""
     mine, node_tasks = [], 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid in _core.process_ids():
+        status = _status(pid)
+        if status is None:
             continue
-        status = _status(int(entry))
-        if not status:
-            continue
-        node_tasks += int(status.get("Threads", "0") or 0)
-        if int(status.get("Uid", "-1").split()[0]) == uid and _read(f"/proc/{entry}/cmdline"):
-            mine.append(int(entry))  # an empty cmdline is a kernel thread
-    return sorted(mine), node_tasks
+        node_tasks += status.threads
+        if status.real_uid == uid and _read(f"/proc/{pid}/cmdline"):
+            mine.append(pid)  # an empty cmdline is a kernel thread
+    return mine, node_tasks
 
 
 def describe_process(pid: int) -> dict[str, Any] | None:
     """One process: its threads grouped by runtime and name prefix, with advice per pool."""
     status = _status(pid)
-    if not status:
+    if status is None:
         return None
     threads = process_threads(pid)
     libraries = mapped_libraries(pid) or []
@@ -117,11 +118,11 @@ def describe_process(pid: int) -> dict[str, Any] | None:
             entry["candidates"] = loaded
         out_groups.append(entry)
     cmdline = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
-    parent = int(status.get("PPid", "0") or 0)
+    parent = status.ppid
     return {
         "pid": pid,
         "ppid": parent,
-        "name": status.get("Name", "").strip(),
+        "name": status.name,
         "cmdline": cmdline,
         "threads": len(threads),
         "spindle_worker": _is_spindle_worker(loaded, cmdline, parent),
@@ -145,7 +146,8 @@ def collect(pid: int | None = None) -> dict[str, Any]:
     uid), and every process of that uid (or just `pid`) with its thread pools."""
     if pid is not None and not os.path.isdir(f"/proc/{pid}"):
         raise ProcessLookupError(f"spindle doctor: no process {pid} (looked for /proc/{pid})")
-    uid = os.getuid() if pid is None else int(_status(pid).get("Uid", "0").split()[0])
+    status = None if pid is None else _status(pid)
+    uid = os.getuid() if status is None else status.real_uid
     soft, hard = _nproc_limits(pid)
     budget = ThreadBudget(uid=uid, nproc_limit=soft)  # counts the uid's tasks as the loaders do
     levels = cgroup_pids_levels(pid)

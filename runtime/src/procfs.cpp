@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -147,6 +149,99 @@ std::optional<ProcessStat> read_stat(pid_t pid, const std::string& proc_root) {
   auto text = read_or_gone(proc_root + "/" + std::to_string(pid) + "/stat");
   if (!text) return std::nullopt;
   return parse_stat(*text);
+}
+
+ProcessStatus parse_status(std::string_view text) {
+  ProcessStatus s;
+  bool uid = false, threads = false;
+  while (!text.empty()) {
+    const std::size_t end = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string_view key = line.substr(0, colon);
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    auto number = [&](auto& out) {
+      const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+      if (ec != std::errc())
+        SPINDLE_THROW(std::runtime_error, "spindle: a /proc/<pid>/status line that is not a number: \"" +
+                                              std::string(line.substr(0, 80)) + "\"");
+    };
+    if (key == "Name") {
+      s.name = std::string(value);
+    } else if (key == "PPid") {
+      number(s.ppid);
+    } else if (key == "Uid") {
+      number(s.real_uid);
+      uid = true;
+    } else if (key == "Threads") {
+      number(s.threads);
+      threads = true;
+    }
+  }
+  if (!uid || !threads) SPINDLE_THROW(std::runtime_error, "spindle: a /proc/<pid>/status without Uid: or Threads:");
+  return s;
+}
+
+std::optional<ProcessStatus> read_status(pid_t pid, const std::string& proc_root) {
+  auto text = read_or_gone(proc_root + "/" + std::to_string(pid) + "/status");
+  if (!text) return std::nullopt;
+  return parse_status(*text);
+}
+
+std::vector<pid_t> process_ids(const std::string& proc_root) {
+  std::vector<pid_t> out;
+  DIR* dir = ::opendir(proc_root.c_str());
+  if (!dir) throw_unreadable(errno, proc_root);
+  while (dirent* e = ::readdir(dir)) {
+    pid_t pid = 0;
+    if (parse_pid(e->d_name, pid)) out.push_back(pid);
+  }
+  ::closedir(dir);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int64_t uid_tasks(uint32_t uid, const std::string& proc_root) {
+  std::vector<pid_t> pids;
+  try {
+    pids = process_ids(proc_root);
+  } catch (const std::system_error&) {
+    return 0;  // no /proc to read: nothing counted, as before there was one reader
+  }
+  int64_t total = 0;
+  for (pid_t pid : pids) {
+    try {
+      if (auto s = read_status(pid, proc_root); s && s->real_uid == uid) total += s->threads;
+    } catch (const std::exception&) {
+      // hidden (hidepid=) or half-written: not ours to count
+    }
+  }
+  return total;
+}
+
+std::optional<int> cgroup_cpu_limit(std::optional<pid_t> pid, const std::string& proc_root,
+                                    const std::string& cgroup_root) {
+  auto self = read_if_readable(proc_root + "/" + (pid ? std::to_string(*pid) : std::string("self")) + "/cgroup");
+  if (!self) return std::nullopt;
+  std::istringstream lines(*self);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("0::", 0) != 0) continue;  // cpu.max is cgroup v2's
+    auto text = read_if_readable(cgroup_root + line.substr(3) + "/cpu.max");
+    if (!text) return std::nullopt;
+    std::string quota;
+    int64_t period = 0;
+    std::istringstream(*text) >> quota >> period;
+    if (quota == "max" || period <= 0) return std::nullopt;
+    try {
+      return std::max<int>(1, static_cast<int>(std::ceil(std::stod(quota) / static_cast<double>(period))));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string describe_state(char state) {

@@ -17,14 +17,6 @@
 namespace spindle {
 namespace {
 
-std::optional<std::string> read_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 int64_t budget_of(int64_t room, int64_t pending) {
   return room == kUnlimited ? kUnlimited : std::max<int64_t>(0, room - pending);
 }
@@ -56,55 +48,10 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-// cgroup v2 cpu.max ("quota period" or "max period") of our own cgroup.
-std::optional<int> cgroup_cpu_quota(const std::string& proc_root, const std::string& cgroup_root) {
-  auto self = read_file(proc_root + "/self/cgroup");
-  if (!self) return std::nullopt;
-  std::istringstream lines(*self);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("0::", 0) != 0) continue;
-    auto text = read_file(cgroup_root + line.substr(3) + "/cpu.max");
-    if (!text) return std::nullopt;
-    std::string quota;
-    int64_t period = 0;
-    std::istringstream(*text) >> quota >> period;
-    if (quota == "max" || period <= 0) return std::nullopt;
-    try {
-      return std::max<int>(1, static_cast<int>(std::ceil(std::stod(quota) / period)));
-    } catch (...) {
-      return std::nullopt;
-    }
-  }
-  return std::nullopt;
-}
 
 }  // namespace
 
-int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid) {
-  DIR* dir = opendir(proc_root.c_str());
-  if (!dir) return 0;
-  int64_t total = 0;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    auto status = read_file(proc_root + "/" + e->d_name + "/status");
-    if (!status) continue;  // exited while we looked
-    int64_t threads = 0;
-    bool mine = false;
-    std::istringstream lines(*status);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("Uid:", 0) == 0) {
-        uint32_t real = 0;
-        std::istringstream(line.substr(4)) >> real;
-        mine = real == uid;
-      } else if (line.rfind("Threads:", 0) == 0) {
-        std::istringstream(line.substr(8)) >> threads;
-      }
-    }
-    if (mine) total += threads;
-  }
-  closedir(dir);
-  return total;
-}
+int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid) { return procfs::uid_tasks(uid, proc_root); }
 
 int count_process_threads(int pid, const std::string& proc_root) {
   auto tids = procfs::thread_ids(pid, proc_root);
@@ -129,7 +76,7 @@ ThreadBudget::ThreadBudget(const BudgetSources& s) {
   cgroup_path_ = pids.path;
   cpus_ = s.cpus.value_or(affinity_cpus());
   if (!s.cpus) {
-    if (auto quota = cgroup_cpu_quota(s.proc_root, s.cgroup_root)) cpus_ = std::min(cpus_, *quota);
+    if (auto quota = procfs::cgroup_cpu_limit(std::nullopt, s.proc_root, s.cgroup_root)) cpus_ = std::min(cpus_, *quota);
   }
   if (s.user_cap) {
     if (*s.user_cap < 0) SPINDLE_THROW(std::invalid_argument, "spindle: max_threads must be >= 0");

@@ -66,6 +66,31 @@ TEST(ProcfsStat, RejectsTextThatIsNotAStatLine) {
       << "ppid not a number";
 }
 
+// Proves: a status file gives its Name, PPid, the real uid (the first of Uid's four) and Threads; one without Uid: is an error.
+TEST(ProcfsStatus, ParsesNameParentRealUidAndThreads) {
+  const ProcessStatus s =
+      parse_status("Name:\tpt_main thread\nUmask:\t0022\nState:\tS (sleeping)\nPPid:\t41\n"
+                   "Uid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\nThreads:\t17\n");
+  EXPECT_EQ(s.name, "pt_main thread");
+  EXPECT_EQ(s.ppid, 41);
+  EXPECT_EQ(s.real_uid, 1000u);
+  EXPECT_EQ(s.threads, 17);
+  EXPECT_THROW(parse_status("Name:\tx\nThreads:\t1\n"), std::runtime_error);
+}
+
+// Proves: our own status agrees with getuid() and our thread list; process_ids lists us; uid_tasks counts at least us.
+TEST(ProcfsStatus, OwnStatusAndTheUidsTasks) {
+  const auto s = read_status(getpid());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->real_uid, getuid());
+  EXPECT_EQ(s->ppid, getppid());
+  EXPECT_EQ(static_cast<std::size_t>(s->threads), thread_ids(getpid())->size());
+  const auto pids = process_ids();
+  EXPECT_TRUE(std::binary_search(pids.begin(), pids.end(), getpid()));
+  EXPECT_GE(uid_tasks(getuid()), s->threads);
+  EXPECT_FALSE(read_status(0x3fffffff).has_value());
+}
+
 // Proves: a forked child's stat names its ppid and its state, sleeping then a zombie; reaped, it is gone.
 TEST(ProcfsStat, ForkedChildNamesItsParentAndState) {
   int fds[2];

@@ -44,6 +44,36 @@ ProcessStat parse_stat(std::string_view text);
 // std::system_error on any other read failure.
 std::optional<ProcessStat> read_stat(pid_t pid, const std::string& proc_root = kProcRoot);
 
+// The fields of /proc/<pid>/status that callers need.
+struct ProcessStatus {
+  std::string name;       // Name: (comm, with any escapes the kernel wrote)
+  pid_t ppid = 0;         // PPid:
+  uint32_t real_uid = 0;  // Uid: (the first of its four: the real uid, which RLIMIT_NPROC counts against)
+  int64_t threads = 0;    // Threads:
+};
+
+// Parses the text of a status file. Throws std::runtime_error if it has no
+// "Uid:" or "Threads:" line.
+ProcessStatus parse_status(std::string_view text);
+
+// /proc/<pid>/status parsed; nullopt if the process is gone. Throws
+// std::system_error on any other read failure.
+std::optional<ProcessStatus> read_status(pid_t pid, const std::string& proc_root = kProcRoot);
+
+// The pids listed in /proc (every process, kernel threads included), ascending.
+std::vector<pid_t> process_ids(const std::string& proc_root = kProcRoot);
+
+// What RLIMIT_NPROC counts for `uid`: the threads of every process whose real
+// uid it is (the sum of their "Threads:"). A process that exits, or whose
+// status cannot be read, while we look is left out.
+int64_t uid_tasks(uint32_t uid, const std::string& proc_root = kProcRoot);
+
+// The CPUs the cgroup v2 cpu.max of the process's cgroup (nullopt: this
+// process) allows, ceil(quota / period); nullopt where it sets no quota ("max"),
+// or there is no v2 cgroup or cpu.max to read.
+std::optional<int> cgroup_cpu_limit(std::optional<pid_t> pid = std::nullopt, const std::string& proc_root = kProcRoot,
+                                    const std::string& cgroup_root = kCgroupRoot);
+
 // A process state letter in words, for errors ("stopped (SIGSTOP/SIGTSTP)"
 // explains a timeout at once).
 std::string describe_state(char state);

@@ -104,7 +104,8 @@ class ThreadBudget {
   int64_t user_cap_ = kUnlimited;
 };
 
-// Sums the "Threads:" of every /proc/<pid>/status whose real uid is `uid`.
+// Sums the "Threads:" of every /proc/<pid>/status whose real uid is `uid`
+// (procfs::uid_tasks, the one reader).
 int64_t count_uid_tasks(const std::string& proc_root, uint32_t uid);
 
 // Counts the threads of one process (/proc/<pid>/task entries).
