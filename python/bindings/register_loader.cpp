@@ -58,9 +58,63 @@ class CloseOnDrop {
   py::object loader_;  // released after the body, with the GIL held again
 };
 
+py::dict worker_dict(const WorkerStats& w) {
+  py::dict d;
+  d["worker"] = w.worker;
+  d["pid"] = w.pid;
+  d["busy_s"] = w.busy_s;
+  d["samples"] = w.samples;
+  d["bytes_fetched"] = w.bytes_fetched;
+  d["batch"] = w.batch;
+  d["sample"] = w.sample;
+  d["busy_for_s"] = w.busy_for_s;
+  return d;
+}
+
+// LoaderStats as the fronts' stats() return it: plain numbers, the workers as dicts.
+py::dict stats_dict(const LoaderStats& s) {
+  py::dict d;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["skipped"] = s.skipped;
+  d["elapsed_s"] = s.elapsed_s;
+  d["wait_s"] = s.wait_s();
+  d["wait_p50_ms"] = s.wait_p50_ms();
+  d["wait_p95_ms"] = s.wait_p95_ms();
+  d["wait_max_ms"] = s.wait_max_ms();
+  d["ring_slots"] = s.ring_slots;
+  d["ring_ready"] = s.ring_ready;
+  d["ring_in_flight"] = s.ring_in_flight;
+  d["ring_leased"] = s.ring_leased;
+  d["bytes_fetched"] = s.bytes_fetched;
+  d["copied_out"] = s.copied_out;
+  py::list workers;
+  for (const WorkerStats& w : s.workers) workers.append(worker_dict(w));
+  d["workers"] = workers;
+  return d;
+}
+
+void register_stats(py::module_& m) {
+  py::class_<LoaderStats>(m, "LoaderStats",
+                          "What a Loader has done (loader_stats.hpp); to_dict() is what the fronts' stats() return.")
+      .def(py::init<>())
+      .def_readonly("batches", &LoaderStats::batches)
+      .def_readonly("samples", &LoaderStats::samples)
+      .def_readonly("skipped", &LoaderStats::skipped)
+      .def_property_readonly("wait_s", &LoaderStats::wait_s)
+      .def_property_readonly("wait_p50_ms", &LoaderStats::wait_p50_ms)
+      .def_property_readonly("wait_p95_ms", &LoaderStats::wait_p95_ms)
+      .def_property_readonly("wait_max_ms", &LoaderStats::wait_max_ms)
+      .def("wait_quantile_ms", [](const LoaderStats& s, double q) { return s.wait.quantile_ms(q); }, py::arg("q"))
+      .def("merge", &LoaderStats::merge, py::arg("other"),
+           "Adds `other`'s counts (an earlier epoch's loader); keeps this one's ring and worker state.")
+      .def("to_dict", &stats_dict);
+}
+
 }  // namespace
 
 void register_loader(py::module_& m) {
+  register_stats(m);  // before Loader, whose stats() returns one
   py::class_<LoaderOptions>(m, "LoaderOptions",
                             "How a Loader runs (loader.hpp): workers, slots, ordering, waiting and the thread "
                             "budget. Set the fields, then pass it to Loader.")
@@ -88,6 +142,12 @@ void register_loader(py::module_& m) {
           "When fewer tasks are free than num_workers: 'shrink', 'wait' or 'fail'.")
       .def_readwrite("max_skip_ratio", &LoaderOptions::max_skip_ratio,
                      "next() raises SkipRatioError once skipped samples exceed this share (None: no check).")
+      .def_readwrite("stats", &LoaderOptions::stats,
+                     "Keep statistics (Loader.stats()); off: nothing is measured (SPINDLE_STATS=0 for every loader).")
+      .def_property(
+          "stall_warning", [](const LoaderOptions& o) { return timeout_seconds(o.stall_warning); },
+          [](LoaderOptions& o, double seconds) { o.stall_warning = timeout_ms(seconds); },
+          "Seconds one next() may wait before a StallWarning names what the workers do (0: never).")
       .def("__repr__", &describe);
 
   py::class_<Batch>(m, "Batch", py::buffer_protocol(),
@@ -137,6 +197,7 @@ void register_loader(py::module_& m) {
                        std::vector<int> spawn_fds) {
              LoaderOptions o = options;
              o.budget_poll = budget_poll();
+             o.on_stall = stall_warning();
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, o.batch_capacity, drop_last, starts),
                                python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds)));
@@ -196,7 +257,11 @@ void register_loader(py::module_& m) {
                              "after close().")
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
-      .def_property_readonly("copied_out", &Loader::copied_out);
+      .def_property_readonly("copied_out", &Loader::copied_out)
+      .def("stats", &Loader::stats, py::call_guard<py::gil_scoped_release>(),
+           "Counts since the loader started or reset_stats(), and the ring's and workers' state now "
+           "(safe from any thread).")
+      .def("reset_stats", &Loader::reset_stats, py::call_guard<py::gil_scoped_release>());
 
   py::class_<CloseOnDrop>(m, "CloseOnDrop",
                           "Closes `loader` when this object goes (no Python __del__: a signal handled in a "

@@ -29,6 +29,7 @@ void register_pipeline(py::module_& m) {
       .def_readwrite("image_folder", &PipelineOptions::image_folder)
       .def_readwrite("npy", &PipelineOptions::npy)
       .def_readwrite("webdataset", &PipelineOptions::webdataset)
+      .def_readwrite("webdataset_options", &PipelineOptions::webdataset_options)
       .def_readwrite("decode", &PipelineOptions::decode)
       .def_readwrite("random_resized_crop", &PipelineOptions::random_resized_crop)
       .def_readwrite("resize_shorter", &PipelineOptions::resize_shorter)
@@ -69,6 +70,7 @@ void register_pipeline(py::module_& m) {
         o.prefetch_factor = prefetch_factor;
         o.timeout = timeout_ms(timeout);
         o.max_threads = max_threads;
+        o.on_stall = stall_warning();
         if (pipe->options().on_error == PipelineOptions::OnError::kSkip)  // the loader enforces it (loader.hpp)
           o.max_skip_ratio = pipe->options().max_skip_ratio;
         WorkerMain body = stream ? pipeline_stream_worker(pipe, seed, epoch) : pipeline_worker(pipe, seed, epoch);

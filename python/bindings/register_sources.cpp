@@ -6,6 +6,7 @@
 
 #include <spindle/sources.hpp>
 
+#include "interop/convert.hpp"
 #include "register.hpp"
 
 namespace py = pybind11;
@@ -114,9 +115,29 @@ void register_sources(py::module_& m) {
       .def("__iter__", [](ShardIterator& it) -> ShardIterator& { return it; })
       .def("__next__", &ShardIterator::next);
 
+  py::class_<ShardOptions>(m, "ShardOptions",
+                           "Where WebDataset shards live and how they are fetched (shard_stream.hpp): retries, "
+                           "timeouts (seconds), the local cache of remote shards.")
+      .def(py::init<>())
+      .def_readwrite("cache_dir", &ShardOptions::cache_dir)
+      .def_readwrite("cache_limit_bytes", &ShardOptions::cache_limit_bytes)
+      .def_readwrite("retries", &ShardOptions::retries)
+      .def_property(
+          "timeout", [](const ShardOptions& o) { return o.timeout.count() / 1000.0; },
+          [](ShardOptions& o, double s) { o.timeout = timeout_ms(s); })
+      .def_property(
+          "backoff", [](const ShardOptions& o) { return o.backoff.count() / 1000.0; },
+          [](ShardOptions& o, double s) { o.backoff = timeout_ms(s); })
+      .def_readwrite("read_ahead_bytes", &ShardOptions::read_ahead_bytes);
+
+  m.def("expand_shard_urls", &expand_shard_urls, py::arg("spec"),
+        "webdataset's shard notation expanded: braces ('{000..099}', '{a,b}') and '::' lists.");
+
   py::class_<WebDataset>(m, "WebDataset",
-                         "WebDataset tar shards: members grouped into samples by key, read streaming.")
-      .def(py::init<std::vector<std::string>>(), py::arg("shards"))
+                         "WebDataset tar shards (paths or URLs, brace notation expanded): members grouped into "
+                         "samples by key, read streaming.")
+      .def(py::init<std::vector<std::string>, ShardOptions>(), py::arg("shards"), py::arg_v("options", ShardOptions{}, "ShardOptions()"))
+      .def_property_readonly("options", &WebDataset::options)
       .def_property_readonly("num_shards", &WebDataset::num_shards)
       .def_property_readonly("shards", &WebDataset::shards)
       .def("shards_of_worker", &WebDataset::shards_of_worker, py::arg("worker"), py::arg("num_workers"),

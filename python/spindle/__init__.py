@@ -23,6 +23,7 @@ from .errors import (
     SharedMemoryError,
     SkipRatioError,
     SpindleError,
+    StallWarning,
     ThreadBudgetError,
     ThreadBudgetWarning,
     WorkerDiedError,

@@ -17,6 +17,7 @@ import numpy as np
 from . import _core
 from ._budget.policy import resolve_policy, warn_if_shrunk
 from ._runtime.epoch import EpochIterator
+from ._runtime.stats import HasStats
 from ._runtime.forking import forking
 from ._runtime.layout import BatchReader, SlotWriter, collate_local
 from ._runtime.persistent import reset_or_restart
@@ -33,7 +34,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-class DataLoader:
+class DataLoader(HasStats):
     """Iterates a map-style dataset in batches, produced by forked workers.
 
     Args:
@@ -183,12 +184,13 @@ class DataLoader:
         decode = batch_decoder(BatchReader())
         self._epoch_cell.set(epoch)
         if not self.persistent_workers:
-            return EpochIterator(self._start_workers(order, worker_seed), decode, owns=True)
+            return EpochIterator(self._start_workers(order, worker_seed), decode, owns=True, stats=self._stats_book())
         self._runtime, _ = reset_or_restart(
             self._runtime, lambda kept: kept.reset(order=order, drop_last=self.drop_last),
             lambda: self._start_workers(order, worker_seed), close=self.close)
         self._persistent_epoch += 1
-        return EpochIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+        return EpochIterator(self._runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
+                             stats=self._stats_book())
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned).

@@ -18,6 +18,7 @@ __all__ = [
     "SpindleError",
     "ThreadBudgetError",
     "ThreadBudgetWarning",
+    "StallWarning",
     "SharedMemoryError",
     "WorkerDiedError",
     "LoaderTimeoutError",
@@ -40,6 +41,11 @@ class ThreadBudgetError(SpindleError):
 
 class ThreadBudgetWarning(RuntimeWarning):
     """A loader runs with fewer workers than asked (budget_policy="shrink"); the message has the numbers."""
+
+
+class StallWarning(RuntimeWarning):
+    """``next()`` has waited longer than the stall threshold (``SPINDLE_STALL_WARNING`` seconds,
+    default 30); the message says what each worker is doing (see docs/observability.md)."""
 
 
 class SharedMemoryError(SpindleError):

@@ -37,6 +37,7 @@ from grain._src.python.dataset.transformations import prefetch as _grain_prefetc
 from . import _core
 from ._budget.policy import fixed_worker_policy
 from ._runtime.epoch import EpochIterator
+from ._runtime.stats import HasStats, StatsBook
 from ._runtime.forking import call_in_fork, forking
 from ._runtime.layout import BatchReader, SlotWriter
 from ._runtime.persistent import reset_or_restart
@@ -75,10 +76,13 @@ class _PrefetchDataset(grain.IterDataset):
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
         self._sequential_slice = sequential_slice
+        self._stats: Optional[StatsBook] = None  # spindle.grain.DataLoader's stats(), when it made this stage
 
     def __iter__(self) -> "_PrefetchIterator":
-        return _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
-                                 self._sequential_slice)
+        it = _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
+                               self._sequential_slice)
+        it._stats = self._stats
+        return it
 
     @property
     def _element_spec(self) -> Any:
@@ -106,6 +110,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._runtime: Optional[_core.Loader] = None
         self._it: Optional[EpochIterator] = None
         self._restart = False  # the workers must start again from self._states before the next element
+        self._stats: Optional[StatsBook] = None
         # As grain's prefetch iterator: the options set upstream reach the
         # iterators after this one (they share this context), and options set
         # downstream are merged into it before the first element, then carried
@@ -139,7 +144,8 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # This iterator owns the workers (close(), or when it is dropped): the
                 # end of the elements leaves them waiting for a set_state(), as grain's
                 # do under repeat().
-                self._it = EpochIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False)
+                self._it = EpochIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False,
+                                         stats=self._stats)
         self._restart = False
 
     def _restart_slices(self, runtime: _core.Loader) -> None:
@@ -226,6 +232,8 @@ class _PrefetchIterator(grain.DatasetIterator):
         """Stops the workers; the next element starts new ones from the current state."""
         if self._runtime is not None:
             self._runtime.close()
+            if self._stats is not None:
+                self._stats.retire(self._runtime)
         self._runtime = self._it = None
         self._restart = False
 
@@ -330,7 +338,7 @@ def _read_in_this_thread(ds: Any) -> None:
         stack.extend(getattr(node, "parents", ()))
 
 
-class DataLoader:
+class DataLoader(HasStats):
     """``grain.DataLoader`` with spindle's workers; same keyword-only arguments.
 
     Iterators are grain's own DataLoaderIterator over a pipeline whose
@@ -355,7 +363,9 @@ class DataLoader:
             # multi-process stage under grain's own state wrapper.
             marker = self._grain._dataset
             state = marker._parent
-            state._parents = (_PrefetchDataset(state._parent, workers, max(1, worker_buffer_size), None, False),)
+            prefetch = _PrefetchDataset(state._parent, workers, max(1, worker_buffer_size), None, False)
+            prefetch._stats = self._stats_book()
+            state._parents = (prefetch,)
             state._worker_count = workers
             self._grain._multiprocessing_options = dataclasses.replace(
                 self._grain._multiprocessing_options, num_workers=workers)

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _core
 from ._runtime.epoch import EpochIterator
+from ._runtime.stats import HasStats
 from ._runtime.forking import forking
 from ._state.checkpoint import Position, Progress, check_state, new_state
 from ._state.sharding import resolve_shard, shard_list, shard_order
@@ -53,6 +54,7 @@ class Pipeline:
     errors: tuple[str, float] = ("raise", 0.05)
     batch_size: int = 1
     drop_last: bool = False
+    fetch: tuple[tuple[str, Any], ...] = ()  # webdataset(): ShardOptions fields (cache, retries, timeout)
 
     def decode(self) -> "Pipeline":
         """Decodes JPEG/PNG files to RGB uint8 (fused with the crop that follows)."""
@@ -107,6 +109,8 @@ class Pipeline:
             o.image_folder = where
         elif kind == "webdataset":
             o.webdataset = list(where)
+            for name, value in self.fetch:
+                setattr(o.webdataset_options, name, value)
         else:
             o.npy = where
         o.decode = self.decoded
@@ -132,13 +136,24 @@ def image_folder(root: str | os.PathLike) -> Pipeline:
     return Pipeline(("image_folder", os.fspath(root)))
 
 
-def webdataset(shards: Sequence[str | os.PathLike]) -> Pipeline:
+def webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike], *, cache_dir: Optional[str | os.PathLike] = None,
+               cache_limit_bytes: int = 0, retries: int = 3, timeout: float = 30.0) -> Pipeline:
     """WebDataset tar shards, streamed (never extracted): members grouped by key; the image is the
     sample's jpg/jpeg/png, the label its cls (or json "label"). Worker w reads shards w, w + N, ...
-    (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do."""
+    (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do.
+
+    A shard is a path, ``file://``, ``http://``/``https://`` (streamed by libcurl in the worker) or
+    ``pipe:CMD`` (a command's stdout); webdataset's brace notation (``shard-{000..099}.tar``) and
+    ``::`` lists are expanded. ``cache_dir`` keeps remote shards whole on local disk (at most
+    ``cache_limit_bytes``, 0: no limit, least recently used removed first); transient failures are
+    retried ``retries`` times with backoff; ``timeout`` (seconds) bounds connecting and every wait
+    for the next byte. See docs/streaming.md."""
     if isinstance(shards, (str, os.PathLike)):
         shards = [shards]
-    return Pipeline(("webdataset", tuple(os.fspath(s) for s in shards)))
+    urls = tuple(url for s in shards for url in _core.expand_shard_urls(os.fspath(s)))
+    fetch = (("cache_dir", os.fspath(cache_dir) if cache_dir is not None else ""),
+             ("cache_limit_bytes", int(cache_limit_bytes)), ("retries", int(retries)), ("timeout", float(timeout)))
+    return Pipeline(("webdataset", urls), fetch=fetch)
 
 
 def arrays(path: str | os.PathLike) -> Pipeline:
@@ -146,7 +161,7 @@ def arrays(path: str | os.PathLike) -> Pipeline:
     return Pipeline(("npy", os.fspath(path)))
 
 
-class PipelineLoader:
+class PipelineLoader(HasStats):
     """Iterates a native :class:`Pipeline` in batches of ``{"image": ..., "label": ...}``.
 
     Args:
@@ -277,7 +292,8 @@ class PipelineLoader:
         else:
             with forking():
                 runtime = _core.pipeline_loader(**kwargs)
-        it = _SkipWarnings(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error))
+        it = _SkipWarnings(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error,
+                                         stats=self._stats_book()))
         if self._native.streaming:
             # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
             # comes from worker k mod N, so with the same num_workers they are the same batches).

@@ -4,6 +4,8 @@
 // closing) is in loader_supervision.cpp; the Batch lease in batch.cpp.
 #include <spindle/loader.hpp>
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,6 +86,16 @@ void Loader::prepare(bool threads) {
     SPINDLE_THROW(std::invalid_argument, "spindle: prefetch_factor must be >= 1 (got " +
                                              std::to_string(options.prefetch_factor) + ")");
   check_batches(batches_);
+  // The switches every front end shares, whatever its signature (docs/observability.md).
+  if (const char* e = std::getenv("SPINDLE_STATS"); e && std::string(e) == "0") options_.stats = false;
+  if (const char* e = std::getenv("SPINDLE_STALL_WARNING"); e && *e) {
+    char* end = nullptr;
+    const double sec = std::strtod(e, &end);
+    if (end == e || *end != '\0' || !(sec >= 0))
+      SPINDLE_THROW(std::invalid_argument, "spindle: SPINDLE_STALL_WARNING must be seconds >= 0 (0: no warning), not '" +
+                                               std::string(e) + "'");
+    options_.stall_warning = std::chrono::milliseconds(static_cast<int64_t>(sec * 1000));
+  }
   // Address space, not memory, but it must fit the 47-bit user address space.
   constexpr uint64_t kMaxWindow = uint64_t{1} << 40;
   if (options.max_batch_bytes < 1 || options.max_batch_bytes > kMaxWindow || options.slot_bytes > kMaxWindow)
@@ -134,6 +146,9 @@ void Loader::prepare(bool threads) {
   // workers need it (slots grow in place).
   ring_ = std::make_shared<RingStorage>(bytes, BatchRing::fixed_bytes_for(g), what);
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
+  ring_->ring.header().stats = options.stats ? 1 : 0;
+  baseline_.assign(nw, WorkerBaseline{});
+  stats_since_ = std::chrono::steady_clock::now();
   for (uint32_t s = 0; s < g.num_slots; ++s)
     ring_->segment.reserve(static_cast<std::size_t>(ring_->ring.payload(s) - ring_->segment.data()),
                            ring_->ring.slot(s).reserved, what);
@@ -290,6 +305,7 @@ void Loader::post_more() {
 
 std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   std::lock_guard op(op_mu_);
+  const auto entered = options_.stats ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   rethrow_if_broken();
   if (closed()) return std::nullopt;
   const BatchRing& r = ring_->ring;
@@ -361,6 +377,7 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     ++copied_out_;
   }
   post_more();
+  if (options_.stats) record_wait(entered, h.count, h.skipped);
   return batch;
 }
 

@@ -196,6 +196,7 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
   if (inflight_.empty()) SPINDLE_FAIL_INTERNAL("spindle: no batch in flight");
   auto& completed = r.header().completed;
   const auto start = std::chrono::steady_clock::now();
+  bool warned = false;
   for (;;) {
     if (closed()) return std::nullopt;
     const uint32_t seq = completed.load(std::memory_order_acquire);
@@ -213,6 +214,17 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
       last_check_ = now;
       check_workers();
       if (poll) poll();
+    }
+    if (!warned && options_.stall_warning.count() > 0 && now - start >= options_.stall_warning) {
+      warned = true;  // once per wait
+      const uint32_t s = inflight_.front();
+      const std::string message = "spindle: next() has waited " + seconds(options_.stall_warning) +
+                                  " s for batch " + std::to_string(r.slot(s).batch_id) + " (" + describe_holder(s) +
+                                  "); workers: " + describe_workers() +
+                                  ". A busy worker is slow in that sample (decode, I/O, a remote shard); an idle "
+                                  "one had no batch posted to it. Silence with stall_warning=0.";
+      if (options_.on_stall) options_.on_stall(message);
+      else std::fprintf(stderr, "%s\n", message.c_str());
     }
     if (options_.timeout.count() > 0 && now - start >= options_.timeout) {
       const uint32_t s = inflight_.front();

@@ -90,7 +90,7 @@ class ArraysSource final : public PipelineSource {
 
 class WebDatasetSource final : public PipelineSource {
  public:
-  explicit WebDatasetSource(const PipelineOptions& o) : wds_(o.webdataset) {
+  explicit WebDatasetSource(const PipelineOptions& o) : wds_(o.webdataset, o.webdataset_options) {
     if (!o.decode)
       SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
   }
@@ -412,6 +412,7 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
     const SlotLayout layout = pipe->layout(capacity);
     std::size_t next_shard = 0, shard = 0;
     uint64_t position = 0;  // of the next sample in `shard`
+    uint64_t fetched = 0;   // bytes the reader had fetched at the last count
     std::optional<WdsShardReader> reader;
     bool ended = false;
     while (auto item = ctx.claim()) {
@@ -436,11 +437,14 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
             }
             shard = shards[next_shard++];
             position = 0;
+            fetched = 0;
             reader.emplace(wds, shard);
           }
           std::optional<WdsSample> sample;
           try {
             sample = reader->next();
+            ctx.add_bytes_fetched(reader->bytes_fetched() - fetched);  // Loader::stats(): bytes from remote shards
+            fetched = reader->bytes_fetched();
           } catch (...) {
             reader.reset();  // a corrupt shard: its tail is lost, the next shard goes on
             throw;

@@ -1,5 +1,7 @@
 #include <spindle/worker_context.hpp>
 
+#include <time.h>
+
 #include <spindle/procfs.hpp>
 
 #include <signal.h>
@@ -117,6 +119,18 @@ void WorkerContext::put_bytes(WorkItem& item, std::span<const std::byte> bytes) 
   write_bytes_descriptor(ring_.descriptor(item.slot), bytes.size());
 }
 
+int64_t monotonic_ns() noexcept {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+void WorkerContext::add_bytes_fetched(uint64_t bytes) noexcept {
+  if (bytes == 0) return;
+  std::atomic<uint64_t>& c = ring_.worker(worker_id_).bytes_fetched;
+  c.store(c.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+}
+
 std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring_.queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring_.worker(worker_id_);
@@ -127,6 +141,7 @@ std::optional<WorkItem> WorkerContext::claim() {
       h.worker = worker_id_;
       rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
       rec.sample_index.store(-1, std::memory_order_relaxed);
+      if (ring_.header().stats) rec.busy_since_ns.store(monotonic_ns(), std::memory_order_relaxed);
       rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
       ring_.set_state(*s, SlotState::kFilling);
       WorkItem item{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s), false, {}};
@@ -143,8 +158,16 @@ std::optional<WorkItem> WorkerContext::claim() {
 
 void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
   ring_copy_fence();  // streaming stores (copy_into_ring) land before the slot is published
-  ring_.publish(item.slot, st);
   WorkerRecord& rec = ring_.worker(worker_id_);
+  if (ring_.header().stats) {  // one writer (this worker): plain load + store
+    const int64_t since = rec.busy_since_ns.load(std::memory_order_relaxed);
+    if (since > 0) rec.busy_ns.store(rec.busy_ns.load(std::memory_order_relaxed) + static_cast<uint64_t>(monotonic_ns() - since),
+                                     std::memory_order_relaxed);
+    if (st == SlotState::kReady)
+      rec.samples.store(rec.samples.load(std::memory_order_relaxed) + ring_.slot(item.slot).count, std::memory_order_relaxed);
+    rec.busy_since_ns.store(0, std::memory_order_relaxed);
+  }
+  ring_.publish(item.slot, st);
   rec.slot.store(-1, std::memory_order_relaxed);
   rec.batch_id.store(-1, std::memory_order_relaxed);
   rec.sample_index.store(-1, std::memory_order_relaxed);

@@ -67,6 +67,14 @@ std::function<void()> budget_poll() {
   };
 }
 
+std::function<void(const std::string&)> stall_warning() {
+  return [](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    py::object cls = py::module_::import("spindle.errors").attr("StallWarning");
+    if (PyErr_WarnEx(cls.ptr(), message.c_str(), 1) != 0) throw py::error_already_set();
+  };
+}
+
 std::function<void()> next_poll() {
   return [] {
     py::gil_scoped_acquire gil;

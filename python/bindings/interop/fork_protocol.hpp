@@ -3,6 +3,7 @@
 // protocol os.fork() follows, and the polls that let Python's signal
 // handlers run (Ctrl-C) while the runtime waits without the GIL.
 #include <functional>
+#include <string>
 
 #include <spindle/launcher.hpp>
 
@@ -16,4 +17,8 @@ std::function<void()> budget_poll();
 // Loader::next's poll, called without the GIL: takes it and raises what a
 // signal handler raised (KeyboardInterrupt), within one supervision period.
 std::function<void()> next_poll();
+// Loader::next's stall warning (LoaderOptions::on_stall), called without the
+// GIL: warns spindle.errors.StallWarning; a warnings filter that raises
+// leaves next() with that exception.
+std::function<void(const std::string&)> stall_warning();
 }  // namespace spindle::python

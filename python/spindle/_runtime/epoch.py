@@ -9,6 +9,7 @@ from .. import _core
 from .._budget.caps import ThreadWatchdog
 from ..errors import BatchFailedError
 from .failures import reraise as _worker_exception
+from .stats import StatsBook
 
 
 class EpochIterator:
@@ -21,8 +22,12 @@ class EpochIterator:
 
     def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Batch], Any], *, owns: bool,
                  owner: Optional[Any] = None, epoch: int = 0,
-                 reraise: Optional[Callable[[BatchFailedError], BaseException]] = None) -> None:
+                 reraise: Optional[Callable[[BatchFailedError], BaseException]] = None,
+                 stats: Optional[StatsBook] = None) -> None:
         self._runtime = runtime
+        self._stats = stats  # the front end's statistics: this runtime's counts join them
+        if stats is not None:
+            stats.track(runtime)
         self._decode = decode
         self._reraise = reraise or _worker_exception  # a failed batch's report -> the exception to raise
         self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
@@ -79,6 +84,8 @@ class EpochIterator:
         Safe from any thread: a ``next()`` waiting elsewhere ends with StopIteration."""
         if self._owns:
             self._runtime.close()
+            if self._stats is not None:
+                self._stats.retire(self._runtime)
 
     def _stop(self) -> None:
         """Stops the workers now, whoever owns them (persistent ones restart next epoch)."""

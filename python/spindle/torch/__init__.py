@@ -53,6 +53,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from .. import _core
 from .._budget.policy import resolve_policy, warn_if_shrunk
 from .._runtime.epoch import EpochIterator
+from .._runtime.stats import HasStats
 from .._runtime.forking import forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
@@ -67,7 +68,7 @@ __all__ = ["DataLoader", "StatefulDataLoader"]
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(Generic[_T_co]):
+class DataLoader(HasStats, Generic[_T_co]):
     """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults.
 
     Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations).
@@ -233,9 +234,10 @@ class DataLoader(Generic[_T_co]):
                                       lambda kept: kept.reset(order=order, starts=starts), start,
                                       close=self.close, failures=(Exception,))
         if not self.persistent_workers:
-            return _TorchIterator(runtime, decode, owns=True)
+            return _TorchIterator(runtime, decode, owns=True, stats=self._stats_book())
         self._persistent_epoch += 1
-        return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch)
+        return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
+                              stats=self._stats_book())
 
     def _collate(self) -> Callable[[list], Any]:
         loader = self._torch
@@ -329,10 +331,11 @@ class DataLoader(Generic[_T_co]):
             close=self.close, failures=(Exception,))
         decode = self._decoder()
         if not self.persistent_workers:
-            return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset)
+            return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset,
+                                  stats=self._stats_book())
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
-                              stream_len=stream_len, dataset=loader.dataset)
+                              stream_len=stream_len, dataset=loader.dataset, stats=self._stats_book())
 
     def _keep(self, runtime: _core.Loader) -> None:
         """Keeps persistent workers; dropping this loader stops them, though the iterators'

@@ -26,6 +26,7 @@
 #include <spindle/batch_plan.hpp>
 #include <spindle/error.hpp>
 #include <spindle/launcher.hpp>
+#include <spindle/loader_stats.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/thread_budget.hpp>
 #include <spindle/worker_context.hpp>
@@ -70,6 +71,15 @@ struct LoaderOptions {
   // (Batch::skipped()) exceed this share of the samples delivered, judged
   // from the 100th sample on and when the epoch ends. nullopt: no check.
   std::optional<double> max_skip_ratio;
+  // Keep statistics (Loader::stats(): the wait histogram, each worker's busy
+  // time and samples). Off: next() and the workers measure nothing.
+  bool stats = true;
+  // When one next() has waited this long, on_stall is called once for that
+  // wait with what the workers are doing (0: never).
+  std::chrono::milliseconds stall_warning{30000};
+  // The stall warning's receiver (empty: one line on stderr). Called from the
+  // thread in next(); may throw to leave next() (the loader stays intact).
+  std::function<void(const std::string&)> on_stall;
 };
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
@@ -187,8 +197,15 @@ class Loader {
   uint32_t batch_capacity() const noexcept { return options_.batch_capacity; }
   uint32_t num_slots() const noexcept;
   int64_t copied_out() const noexcept { return copied_out_; }
+  // Counts since the loader started or reset_stats() (loader_stats.hpp), and
+  // the ring's and workers' state now. Safe from any thread, also while
+  // next() waits, and after close().
+  LoaderStats stats() const;
+  void reset_stats();
 
  private:
+  void record_wait(std::chrono::steady_clock::time_point since, uint32_t count, uint32_t skipped);
+  std::string describe_workers() const;
   void prepare(bool threads);
   void launch(Launcher& launcher);
   void check_batches(const BatchPlan& batches) const;
@@ -241,6 +258,15 @@ class Loader {
   mutable std::mutex pids_mu_;  // guards pids_ and exits_ (read by other threads, e.g. a watchdog)
   std::vector<pid_t> pids_;
   std::vector<std::optional<WorkerExit>> exits_;
+  // Statistics (loader_stats.cpp): the consumer's counts, and the workers'
+  // counters at the last reset_stats (theirs only grow; one writer each).
+  mutable std::mutex stats_mu_;
+  LoaderStats counts_;
+  std::chrono::steady_clock::time_point stats_since_{};
+  struct WorkerBaseline {
+    uint64_t busy_ns = 0, samples = 0, bytes_fetched = 0;
+  };
+  std::vector<WorkerBaseline> baseline_;
 };
 
 }  // namespace spindle

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <spindle/ops/image_ops.hpp>
+#include <spindle/shard_stream.hpp>
 #include <spindle/slot_layout.hpp>
 #include <spindle/worker_context.hpp>
 
@@ -41,6 +42,9 @@ struct PipelineOptions {
   // sample's jpg/jpeg/png member, the label its cls (or json "label").
   // Worker w reads shards w, w + N, ... (webdataset's split_by_worker).
   std::vector<std::string> webdataset;
+  // Where those shards live and how they are fetched: URLs (http, https,
+  // pipe:), retries, timeouts, the local cache (shard_stream.hpp).
+  ShardOptions webdataset_options;
 
   bool decode = false;  // encoded bytes -> RGB uint8 (needed for image folders)
   struct RandomResizedCrop {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <spindle/error.hpp>
+#include <spindle/shard_stream.hpp>
 
 namespace spindle {
 
@@ -120,17 +121,23 @@ struct TarMember {
   uint64_t offset = 0;  // byte offset of its (first) header in the archive
 };
 
-// Streaming reader of ustar, GNU and pax tar archives over a file descriptor:
-// reads header after header with pread (its own offset, never the fd's), so it
-// never extracts anything and never reads past the file's size as fstat gave
-// it. next() yields regular files only; directories, links, devices and fifos
-// are skipped, as webdataset does. Validates each header's checksum and octal
+// Streaming reader of ustar, GNU and pax tar archives over a ShardStream
+// (shard_stream.hpp: a file read with pread at its own offset, an HTTP
+// transfer, a command's stdout): reads header after header front to back, so
+// it never extracts anything and never reads past the shard's end. next()
+// yields regular files only; directories, links, devices and fifos are
+// skipped, as webdataset does. Validates each header's checksum and octal
 // (or GNU base-256) fields without overflow, bounds names to kMaxNameBytes,
 // applies GNU long names ('L') and pax 'path'/'size' records (local 'x' and
-// global 'g'). Any corruption throws DataError naming the archive and the byte
-// offset. Stricter than Python's tarfile in one way: an archive must end with
-// an end-of-archive (zero) block, so a shard truncated exactly between two
-// members is reported instead of silently losing its tail.
+// global 'g'). Where the shard's size is known up front (a file, an HTTP
+// Content-Length) every length is checked against it before any read or
+// allocation; otherwise data is read in bounded steps and a short stream is
+// reported where it ends. Any corruption throws DataError naming the archive
+// and the byte offset. Stricter than Python's tarfile in one way: an archive
+// must end with an end-of-archive (zero) block, so a shard truncated exactly
+// between two members is reported instead of silently losing its tail. At
+// that block the stream's finish() runs (a command's exit status, a cache
+// entry's commit).
 class TarReader {
  public:
   static constexpr std::size_t kBlock = 512;
@@ -141,6 +148,8 @@ class TarReader {
   explicit TarReader(const std::string& path);
   // Reads `fd` (a regular file or memfd; not closed); `name` is for messages.
   TarReader(int fd, std::string name);
+  // Reads `stream` (any shard_stream.hpp source).
+  explicit TarReader(std::unique_ptr<ShardStream> stream);
   ~TarReader();
   TarReader(TarReader&& other) noexcept;
   TarReader& operator=(TarReader&&) = delete;
@@ -150,18 +159,24 @@ class TarReader {
   // The next regular file, or nothing at the end of the archive.
   std::optional<TarMember> next();
   const std::string& name() const noexcept { return name_; }
+  // The shard's size: known up front, or once the stream ended (else UINT64_MAX).
   uint64_t file_size() const noexcept { return file_size_; }
   // Where the next header will be read.
   uint64_t offset() const noexcept { return offset_; }
+  // Bytes the stream fetched from where the shard lives (0 for a local file).
+  uint64_t bytes_fetched() const noexcept;
 
  private:
   [[noreturn]] void fail(uint64_t at, const std::string& what) const;
-  void read_exact(uint64_t at, void* dst, std::size_t n) const;
+  void read_exact(uint64_t at, void* dst, std::size_t n);
+  std::size_t read_some(uint64_t at, void* dst, std::size_t n);
+  void skip_to(uint64_t at);
 
-  int fd_ = -1;
-  bool owns_fd_ = false;
+  std::unique_ptr<ShardStream> stream_;
   std::string name_;
+  bool size_known_ = false;
   uint64_t file_size_ = 0;
+  uint64_t pos_ = 0;     // bytes consumed from the stream
   uint64_t offset_ = 0;
   bool done_ = false;
   std::map<std::string, std::string> global_pax_;
@@ -181,9 +196,13 @@ struct WdsSample {
 // with the same key form one sample; a field twice in one sample is a
 // DataError; top-level "__*__" metadata members are skipped. Shards are read
 // streaming (never extracted), one pass each, and assigned to workers whole.
+// A shard is a path or a URL (shard_stream.hpp: file://, http(s)://, pipe:CMD),
+// and each given spec is expanded by webdataset's brace notation
+// ("shard-{000..099}.tar") and "::" lists.
 class WebDataset {
  public:
-  explicit WebDataset(std::vector<std::string> shards);
+  explicit WebDataset(std::vector<std::string> shards, ShardOptions options = {});
+  const ShardOptions& options() const noexcept { return options_; }
 
   std::size_t num_shards() const noexcept { return shards_.size(); }
   const std::vector<std::string>& shards() const noexcept { return shards_; }
@@ -202,6 +221,7 @@ class WebDataset {
 
  private:
   std::vector<std::string> shards_;
+  ShardOptions options_;
 };
 
 // Pull-style reading of one shard (what for_each_in_shard runs on; the Python
@@ -211,6 +231,8 @@ class WdsShardReader {
   WdsShardReader(const WebDataset& ds, std::size_t shard);
   std::optional<WdsSample> next();
   const std::string& shard() const noexcept { return shard_; }
+  // Bytes fetched from where the shard lives so far (0 for a local file).
+  uint64_t bytes_fetched() const noexcept { return tar_.bytes_fetched(); }
 
  private:
   std::string shard_;

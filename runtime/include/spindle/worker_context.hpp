@@ -46,6 +46,8 @@ class WorkerContext {
   void set_sample(int64_t index) noexcept {
     ring_.worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
   }
+  // Counts bytes this worker's streamed source fetched (URL shards), for Loader::stats().
+  void add_bytes_fetched(uint64_t bytes) noexcept;
   // Makes sure the item's slot has at least `bytes` of payload backed by
   // memory and returns it (raw; see begin_arrays/put_bytes for typed
   // batches). Throws std::length_error if the batch is larger than the slot
@@ -96,6 +98,10 @@ class WorkerContext {
 };
 
 using WorkerMain = std::function<int(WorkerContext&)>;
+
+// CLOCK_MONOTONIC in nanoseconds: the clock of WorkerRecord::busy_since_ns,
+// the same in every process of the machine.
+int64_t monotonic_ns() noexcept;
 
 // A spawned worker's view of the loader: maps the segment from descriptor
 // `segment_fd`, records its pid, and makes the context. The mapping lives as

@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "io_util.hpp"
+#include "shard_stream_internal.hpp"
 
 namespace spindle {
 namespace {
@@ -92,46 +93,29 @@ bool is_known_type(char t) {
 
 }  // namespace
 
-TarReader::TarReader(const std::string& path) : name_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) SPINDLE_THROW_ERRNO("cannot open tar shard '" + path + "'");
-  owns_fd_ = true;
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    errno = err;
-    SPINDLE_THROW_ERRNO("cannot stat tar shard '" + path + "'");
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd_);
-    throw DataError("tar shard '" + path + "' is not a regular file");
-  }
-  file_size_ = static_cast<uint64_t>(st.st_size);
-}
+TarReader::TarReader(const std::string& path) : TarReader(detail::open_file_stream(path, path)) {}
 
-TarReader::TarReader(int fd, std::string name) : fd_(fd), name_(std::move(name)) {
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) SPINDLE_THROW_ERRNO("cannot stat tar shard '" + name_ + "'");
-  if (!S_ISREG(st.st_mode)) throw DataError("tar shard '" + name_ + "' is not a regular file (or memfd)");
-  file_size_ = static_cast<uint64_t>(st.st_size);
+TarReader::TarReader(int fd, std::string name) : TarReader(detail::open_file_stream(fd, false, std::move(name))) {}
+
+TarReader::TarReader(std::unique_ptr<ShardStream> stream) : stream_(std::move(stream)), name_(stream_->url()) {
+  const std::optional<uint64_t> size = stream_->size();
+  size_known_ = size.has_value();
+  file_size_ = size.value_or(UINT64_MAX);
 }
 
 TarReader::TarReader(TarReader&& o) noexcept
-    : fd_(o.fd_),
-      owns_fd_(o.owns_fd_),
+    : stream_(std::move(o.stream_)),
       name_(std::move(o.name_)),
+      size_known_(o.size_known_),
       file_size_(o.file_size_),
+      pos_(o.pos_),
       offset_(o.offset_),
       done_(o.done_),
-      global_pax_(std::move(o.global_pax_)) {
-  o.fd_ = -1;
-  o.owns_fd_ = false;
-}
+      global_pax_(std::move(o.global_pax_)) {}
 
-TarReader::~TarReader() {
-  if (owns_fd_ && fd_ >= 0) ::close(fd_);
-}
+TarReader::~TarReader() = default;
+
+uint64_t TarReader::bytes_fetched() const noexcept { return stream_ ? stream_->bytes_fetched() : 0; }
 
 void TarReader::fail(uint64_t at, const std::string& what) const {
   throw DataError("corrupt tar shard '" + name_ + "' at byte offset " + std::to_string(at) + ": " + what +
@@ -139,8 +123,37 @@ void TarReader::fail(uint64_t at, const std::string& what) const {
                   name_);
 }
 
-void TarReader::read_exact(uint64_t at, void* dst, std::size_t n) const {
-  if (detail::pread_full(fd_, dst, n, at, name_) != n) fail(at, "the file shrank while being read");
+void TarReader::skip_to(uint64_t at) {
+  if (at <= pos_) return;
+  const uint64_t got = stream_->skip(at - pos_);
+  pos_ += got;
+  if (pos_ < at) {  // the stream ended first: now its size is known
+    size_known_ = true;
+    file_size_ = pos_;
+  }
+}
+
+std::size_t TarReader::read_some(uint64_t at, void* dst, std::size_t n) {
+  skip_to(at);
+  if (pos_ != at) return 0;
+  auto* p = static_cast<char*>(dst);
+  std::size_t got = 0;
+  while (got < n) {
+    const std::size_t k = stream_->read(p + got, n - got);
+    if (k == 0) break;
+    got += k;
+  }
+  pos_ += got;
+  if (got < n) {
+    if (size_known_) fail(at, "the file shrank while being read");
+    size_known_ = true;
+    file_size_ = pos_;
+  }
+  return got;
+}
+
+void TarReader::read_exact(uint64_t at, void* dst, std::size_t n) {
+  if (read_some(at, dst, n) != n) fail(at, "the file shrank while being read");
 }
 
 std::optional<TarMember> TarReader::next() {
@@ -151,6 +164,7 @@ std::optional<TarMember> TarReader::next() {
   bool pending_meta = false;
   while (true) {
     const uint64_t at = offset_;
+    if (!size_known_) skip_to(at);  // a stream: its end may lie in the padding
     if (at > file_size_) fail(file_size_, "truncated inside the padding of the last member");
     if (at == file_size_) {
       if (pending_meta) fail(first_at, "extended header(s) not followed by a member: truncated");
@@ -159,10 +173,11 @@ std::optional<TarMember> TarReader::next() {
     if (file_size_ - at < kBlock)
       fail(at, "truncated mid-header: " + std::to_string(file_size_ - at) + " of 512 bytes");
     unsigned char h[kBlock];
-    read_exact(at, h, kBlock);
+    if (read_some(at, h, kBlock) != kBlock) continue;  // a stream ended here: the checks above say how
     if (std::all_of(h, h + kBlock, [](unsigned char b) { return b == 0; })) {
       if (pending_meta) fail(first_at, "extended header(s) followed by the end of the archive");
       done_ = true;
+      stream_->finish();
       return std::nullopt;
     }
     // Checksum: the sum of the header's bytes with the checksum field as
@@ -188,13 +203,32 @@ std::optional<TarMember> TarReader::next() {
     const char type = static_cast<char>(h[156]);
     const bool meta = type == 'L' || type == 'K' || type == 'x' || type == 'g';
     const uint64_t data_at = at + kBlock;
-    // Data must end inside the file: checked before any read or allocation.
+    // Data must end inside the file: checked before any read or allocation
+    // where the size is known, else where the stream ends.
+    auto past_end = [&](uint64_t bytes) {
+      fail(at, "a member of " + std::to_string(bytes) + " bytes at byte " + std::to_string(data_at) +
+                   " runs past the end of the file (" + std::to_string(file_size_) +
+                   " bytes): truncated mid-data or a bad size field");
+    };
     auto check_data = [&](uint64_t bytes) {
-      if (bytes > file_size_ - data_at)
-        fail(at, "a member of " + std::to_string(bytes) + " bytes at byte " + std::to_string(data_at) +
-                     " runs past the end of the file (" + std::to_string(file_size_) +
-                     " bytes): truncated mid-data or a bad size field");
+      if (size_known_ && bytes > file_size_ - data_at) past_end(bytes);
       return data_at + (bytes + kBlock - 1) / kBlock * kBlock;
+    };
+    // Reads `bytes` of data at data_at into `dst` (resized as it arrives when the size is unknown).
+    auto read_data = [&](auto& dst, uint64_t bytes) {
+      if (size_known_) {
+        dst.resize(static_cast<std::size_t>(bytes));
+        read_exact(data_at, dst.data(), dst.size());
+        return;
+      }
+      constexpr uint64_t kStep = uint64_t{4} << 20;  // an absurd size field costs what arrived, not what it says
+      dst.clear();
+      for (uint64_t done = 0; done < bytes;) {
+        const std::size_t step = static_cast<std::size_t>(std::min(kStep, bytes - done));
+        dst.resize(static_cast<std::size_t>(done) + step);
+        if (read_some(data_at + done, dst.data() + done, step) != step) past_end(bytes);
+        done += step;
+      }
     };
 
     if (meta) {
@@ -203,8 +237,8 @@ std::optional<TarMember> TarReader::next() {
         fail(at, std::string("extended header '") + type + "' of " + std::to_string(size) + " bytes (limit " +
                      std::to_string(bound) + ")");
       const uint64_t next_at = check_data(size);
-      std::string buf(static_cast<std::size_t>(size), '\0');
-      read_exact(data_at, buf.data(), buf.size());
+      std::string buf;
+      read_data(buf, size);
       if (!pending_meta) first_at = at;
       pending_meta = true;
       offset_ = next_at;
@@ -261,6 +295,10 @@ std::optional<TarMember> TarReader::next() {
     // directories, devices and fifos have none whatever their size field says.
     const bool has_data = regular || !is_known_type(type);
     offset_ = has_data ? check_data(size) : data_at;
+    if (!regular && has_data && !size_known_) {
+      skip_to(data_at + size);
+      if (size_known_ && file_size_ < data_at + size) past_end(size);
+    }
     if (!regular) {
       long_name.reset();
       pax.clear();
@@ -272,8 +310,7 @@ std::optional<TarMember> TarReader::next() {
     m.name = std::move(name);
     m.size = size;
     m.offset = first_at;
-    m.data.resize(static_cast<std::size_t>(size));
-    read_exact(data_at, m.data.data(), m.data.size());
+    read_data(m.data, size);
     return m;
   }
 }

@@ -159,7 +159,9 @@ bool WebDataset::split_key(const std::string& name, std::string& key, std::strin
   return true;
 }
 
-WebDataset::WebDataset(std::vector<std::string> shards) : shards_(std::move(shards)) {
+WebDataset::WebDataset(std::vector<std::string> shards, ShardOptions options) : options_(std::move(options)) {
+  for (const std::string& spec : shards)
+    for (std::string& url : expand_shard_urls(spec)) shards_.push_back(std::move(url));
   if (shards_.empty()) throw std::invalid_argument("WebDataset: no shards given");
 }
 
@@ -195,7 +197,7 @@ const std::string& shard_path(const WebDataset& ds, std::size_t s) {
 }  // namespace
 
 WdsShardReader::WdsShardReader(const WebDataset& ds, std::size_t shard)
-    : shard_(shard_path(ds, shard)), tar_(shard_) {}
+    : shard_(shard_path(ds, shard)), tar_(open_shard(shard_, ds.options())) {}
 
 std::optional<WdsSample> WdsShardReader::next() {
   if (ended_ && !pending_) return std::nullopt;

@@ -108,13 +108,21 @@ inline constexpr uint32_t kSlotExhausted = 1;
 inline constexpr uint32_t kSlotNewStream = 2;
 
 // Written by its worker only; read by the consumer to explain a crash or a
-// timeout. Separate lines: each worker updates its own per sample.
+// timeout, and for Loader::stats(). Separate lines: each worker updates its
+// own per sample. The statistics are counters that only grow (the consumer
+// subtracts a baseline for reset_stats), written only with RingHeader::stats.
 struct alignas(kCacheLine) WorkerRecord {
   std::atomic<int32_t> pid{0};
   std::atomic<int32_t> slot{-1};           // -1: idle
   std::atomic<int64_t> batch_id{-1};       // -1: idle
   std::atomic<int64_t> sample_index{-1};   // sample being produced, -1: none
+  std::atomic<uint64_t> busy_ns{0};        // claim to publish, summed over its items
+  std::atomic<uint64_t> samples{0};        // samples of the batches it published
+  std::atomic<uint64_t> bytes_fetched{0};  // bytes its streamed source fetched
+  std::atomic<int64_t> busy_since_ns{0};   // CLOCK_MONOTONIC of its current claim; 0: idle
 };
+static_assert(sizeof(WorkerRecord) == kCacheLine, "one worker record per cache line");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "worker counters are shared across processes");
 
 struct RingGeometry {
   uint32_t num_slots = 0;
@@ -136,6 +144,9 @@ struct RingHeader {
   uint64_t slot_reserve = 0;     // payload bytes each slot starts with (>= kMinSlotStride)
   uint64_t queue_offset = 0, queue_stride = 0, workers_offset = 0, slots_offset = 0;
   uint64_t indices_offset = 0, descriptors_offset = 0, payload_offset = 0, total_bytes = 0;
+  // Consumer, before any worker starts: workers keep their WorkerRecord
+  // statistics (LoaderOptions::stats). Read-only afterwards.
+  uint32_t stats = 1;
   // Workers bump it after every kReady/kFailed; the consumer sleeps on it.
   // Own line: written by all workers, read in the consumer's wait loop.
   alignas(kCacheLine) std::atomic<uint32_t> completed{0};

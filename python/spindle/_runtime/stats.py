@@ -1,0 +1,80 @@
+"""Loader statistics as every front end returns them from ``stats()`` (docs/observability.md).
+
+The counters live in the C++ core (``_core.Loader.stats()``: the consumer's wait histogram, each
+worker's counters in shared memory); this module only adds up the runtime Loaders a front end
+used across epochs, so that a DataLoader's figures cover its whole life, not one epoch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from .. import _core
+
+__all__ = ["StatsBook", "HasStats"]
+
+
+class StatsBook:
+    """The statistics of one front-end loader: the epochs' runtimes that ended, folded together,
+    plus the one running now. Safe to read from another thread (a metrics scrape)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._past = _core.LoaderStats()
+        self._current: Optional[_core.Loader] = None
+
+    def track(self, runtime: _core.Loader) -> None:
+        """``runtime`` is the one running now (a new epoch's, or the same persistent one)."""
+        with self._lock:
+            if self._current is runtime:
+                return
+            if self._current is not None:
+                self._past.merge(self._current.stats())
+            self._current = runtime
+
+    def retire(self, runtime: _core.Loader) -> None:
+        """``runtime`` ended (its epoch is over): keep its counts, drop the reference."""
+        with self._lock:
+            if self._current is runtime:
+                self._past.merge(runtime.stats())
+                self._current = None
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            if self._current is None:
+                return self._past.to_dict()
+            now = self._current.stats()
+            now.merge(self._past)
+            return now.to_dict()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._past = _core.LoaderStats()
+            if self._current is not None:
+                self._current.reset_stats()
+
+
+class HasStats:
+    """``stats()`` and ``reset_stats()`` for a front-end loader (a mixin; the book is made on
+    first use, so no front end's constructor changes)."""
+
+    def _stats_book(self) -> StatsBook:
+        book = self.__dict__.get("_spindle_stats")
+        if book is None:
+            book = self.__dict__["_spindle_stats"] = StatsBook()
+        return book
+
+    def stats(self) -> dict[str, Any]:
+        """What this loader has done since it was made (or since :meth:`reset_stats`), over every
+        epoch: ``batches``, ``samples``, ``skipped``, ``wait_s`` (time blocked in ``next()``),
+        ``wait_p50_ms``/``wait_p95_ms``/``wait_max_ms`` (per batch), ``elapsed_s``, the ring now
+        (``ring_slots``, ``ring_ready``, ``ring_in_flight``, ``ring_leased``), ``bytes_fetched``
+        (URL shards), ``copied_out``, and ``workers``: per worker ``busy_s``, ``samples``,
+        ``bytes_fetched`` and what it is doing now (``batch``, ``sample``, ``busy_for_s``; -1: idle).
+        See docs/observability.md."""
+        return self._stats_book().snapshot()
+
+    def reset_stats(self) -> None:
+        """Starts every counter of :meth:`stats` again from zero."""
+        self._stats_book().reset()
