@@ -74,6 +74,19 @@ def test_the_machine_path_check_catches_a_worktree_venv():
         assert not MACHINE_PATH.search(line), line
 
 
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_docs_relative_links_reach_files():
+    """Proves: every relative link of README, docs/ and the records names a file of the tree."""
+    broken = []
+    for page in PAGES + RECORDS:
+        for target in LINK.findall(page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
 def _api_reference():
     spec = importlib.util.spec_from_file_location("api_reference", ROOT / "docs" / "api_reference.py")
     module = importlib.util.module_from_spec(spec)
