@@ -107,15 +107,23 @@ class Pipeline:
     batching. Build it with :func:`image_folder`, :func:`webdataset` or :func:`arrays` and the
     methods below; each checks its arguments (TypeError / ValueError at the call) and returns a new
     Pipeline. The order of the stages is checked when a PipelineLoader is made (e.g. a crop needs
-    decode() before it; normalize() is the last stage that touches the image)."""
+    decode() before it; normalize() is the last stage that touches the image). The fields record
+    what the methods set; read them, do not set them."""
 
     source: tuple[str, Any]  # ("image_folder", root), ("npy", path) or ("webdataset", [shards])
-    stages: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (name of a _core.Stage factory, its arguments)
+    """What :func:`image_folder`, :func:`webdataset` or :func:`arrays` was given."""
+    stages: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """The stages in call order: (name of a ``_core.Stage`` factory, its checked arguments)."""
     keep: tuple[str, ...] = ()
+    """:func:`webdataset`'s kept members (byte fields)."""
     errors: tuple[str, float] = ("raise", 0.05)
+    """:meth:`on_error`'s (policy, max_ratio)."""
     batch_size: int = 1
+    """:meth:`batch`'s samples per batch."""
     drop_last: bool = False
+    """:meth:`batch`'s drop_last."""
     bytes_per_sample: int = 4096
+    """:meth:`batch`'s room per sample for each byte field."""
 
     def _then(self, name: str, *args: Any) -> "Pipeline":
         return dataclasses.replace(self, stages=self.stages + ((name, args),))
@@ -167,7 +175,7 @@ class Pipeline:
         return dataclasses.replace(self, errors=(policy, _real(max_ratio, "on_error max_ratio", 0.0, 1.0)))
 
     def batch(self, batch_size: int, drop_last: bool = False, *, bytes_per_sample: int = 4096) -> "Pipeline":
-        """Samples per batch. `bytes_per_sample`: room for each byte field (a kept WebDataset
+        """Samples per batch; with `drop_last`, an epoch's short last batch is dropped. `bytes_per_sample`: room for each byte field (a kept WebDataset
         member) in a batch's slot, bytes_per_sample x batch_size in all; a batch whose captions
         take more fails naming the sample and the value that fits (nothing is cut)."""
         if not isinstance(drop_last, (bool, np.bool_)):
