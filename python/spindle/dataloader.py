@@ -46,15 +46,17 @@ class DataLoader:
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
         seed: makes shuffling and the random draws reproducible: epoch ``e``
-            shuffles with ``(seed, e)``, and before each sample the worker
+            shuffles with ``(seed, e)``, and before each batch the worker
             seeds ``random``, numpy's global generator (and torch's CPU
-            generator, if torch is imported) from
-            ``(seed, e, sample index)``, so augmentations do not depend on
-            which worker (or how many) loaded a sample, and a resumed loader
-            draws what the uninterrupted one drew. None draws fresh entropy
-            once per loader for the order (0 when sharded: every rank must
-            draw the same order, as DistributedSampler's default seed) and
-            seeds each worker once, not each sample.
+            generator, if torch is imported) from ``(seed, e, the batch's
+            sample indices)``; the batch's samples then draw in order. A batch
+            is made of the same samples whatever the worker count, so
+            augmentations do not depend on which worker (or how many) loaded
+            it, and a resumed loader draws what the uninterrupted one drew.
+            None draws fresh entropy once per loader for the order (0 when
+            sharded: every rank must draw the same order, as
+            DistributedSampler's default seed) and seeds each worker once,
+            not each batch.
         timeout: seconds to wait for one batch before raising
             :class:`~spindle.errors.LoaderTimeoutError`; 0 (or inf) waits forever.
         drop_last: drop the last batch if it is short.

@@ -41,19 +41,30 @@ _FORMAT = "spindle.Loader"
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """A native pipeline: a source and its ops. Build it with :func:`image_folder`
-    or :func:`arrays` and the methods below; each returns a new Pipeline."""
+    """A native pipeline: a source and its ops. Build it with :func:`image_folder`,
+    :func:`webdataset` or :func:`arrays` and the methods below; each returns a new
+    Pipeline (the fields record what the methods set; read them, do not set them)."""
 
     source: tuple[str, Any]  # ("image_folder", root), ("npy", path) or ("webdataset", [shards])
+    """What :func:`image_folder`, :func:`webdataset` or :func:`arrays` was given."""
     decoded: bool = False
+    """:meth:`decode` was called."""
     rrc: Optional[tuple[int, tuple[float, float], tuple[float, float]]] = None
+    """:meth:`random_resized_crop`'s (size, scale, ratio), or None."""
     shorter: Optional[int] = None
+    """:meth:`resize`'s shorter side, or None."""
     center: Optional[int] = None
+    """:meth:`center_crop`'s size, or None."""
     flip: float = 0.0
+    """:meth:`random_flip`'s probability (0: no flip)."""
     norm: Optional[tuple[tuple[float, ...], tuple[float, ...], bool]] = None
+    """:meth:`normalize`'s (mean, std, channels first), or None."""
     errors: tuple[str, float] = ("raise", 0.05)
+    """:meth:`on_error`'s (policy, max_ratio)."""
     batch_size: int = 1
+    """:meth:`batch`'s samples per batch."""
     drop_last: bool = False
+    """:meth:`batch`'s drop_last."""
 
     def decode(self) -> "Pipeline":
         """Decodes JPEG/PNG files to RGB uint8 (fused with the crop that follows)."""
@@ -95,7 +106,7 @@ class Pipeline:
         return dataclasses.replace(self, errors=(policy, float(max_ratio)))
 
     def batch(self, batch_size: int, drop_last: bool = False) -> "Pipeline":
-        """Samples per batch."""
+        """Samples per batch; with `drop_last`, an epoch's short last batch is dropped."""
         if batch_size < 1:
             raise ValueError(f"batch_size should be >= 1, got {batch_size}")
         return dataclasses.replace(self, batch_size=int(batch_size), drop_last=bool(drop_last))

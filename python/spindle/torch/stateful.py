@@ -1,33 +1,4 @@
-"""spindle.torch.StatefulDataLoader: torchdata's StatefulDataLoader on spindle's workers.
-
-    from spindle.torch import StatefulDataLoader   # was: from torchdata.stateful_dataloader import ...
-
-Same arguments (torch's plus ``snapshot_every_n_steps``), validated and turned
-into samplers by torchdata's own class (so ``shuffle=True`` uses torchdata's
-RandomSampler with its draws); ``state_dict()`` / ``load_state_dict()`` with
-torchdata's semantics: a state taken before ``iter()`` or mid-epoch resumes
-after the last batch handed out, one taken after an epoch ended starts the
-next, and ``load_state_dict({})`` is a no-op. Beyond torchdata:
-
-- the state is small and JSON-able (``json.dumps`` takes it), versioned, and
-  holds no worker snapshot: it is the epoch, the batches handed out, the base
-  seed and the states of the torch generators the sampler draws from, taken
-  at the start of the epoch. Resuming replays the epoch's sampler draws and
-  skips the batches already handed out;
-- a map-style dataset may resume with another ``num_workers`` (torchdata
-  refuses);
-- random draws in ``dataset[i]`` (``random``, numpy's global generator,
-  torch's CPU generator) are seeded per sample from (seed, epoch, index), so
-  they are the uninterrupted run's after resuming, whatever the worker count
-  (torchdata's workers restart their per-worker streams). This is the one
-  difference from torchdata's batches: augmentations are not torch's
-  per-worker streams.
-
-An IterableDataset resumes by reading its epoch again with the same seeds and
-dropping the batches already handed out (the same num_workers is needed: its
-batch order depends on it). With ``num_workers=0`` the loop is torchdata's
-own, and so is the state (with its tensors encoded for JSON).
-"""
+"""spindle.torch.StatefulDataLoader: torchdata's StatefulDataLoader on spindle's workers (see the class)."""
 
 from __future__ import annotations
 
@@ -57,7 +28,36 @@ def _peer_class() -> Any:
 
 
 class StatefulDataLoader(DataLoader):
-    """``torchdata.stateful_dataloader.StatefulDataLoader`` with spindle's workers; see the module text."""
+    """``torchdata.stateful_dataloader.StatefulDataLoader`` with spindle's workers.
+
+        from spindle.torch import StatefulDataLoader   # was: from torchdata.stateful_dataloader import ...
+
+    Same arguments (torch's plus ``snapshot_every_n_steps``), validated and turned
+    into samplers by torchdata's own class (so ``shuffle=True`` uses torchdata's
+    RandomSampler with its draws); ``state_dict()`` / ``load_state_dict()`` with
+    torchdata's semantics: a state taken before ``iter()`` or mid-epoch resumes
+    after the last batch handed out, one taken after an epoch ended starts the
+    next, and ``load_state_dict({})`` is a no-op. Beyond torchdata:
+
+    - the state is small and JSON-able (``json.dumps`` takes it), versioned, and
+      holds no worker snapshot: it is the epoch, the batches handed out, the base
+      seed and the states of the torch generators the sampler draws from, taken
+      at the start of the epoch. Resuming replays the epoch's sampler draws and
+      skips the batches already handed out;
+    - a map-style dataset may resume with another ``num_workers`` (torchdata
+      refuses);
+    - random draws in ``dataset[i]`` (``random``, numpy's global generator,
+      torch's CPU generator) are seeded per sample from (seed, epoch, index), so
+      they are the uninterrupted run's after resuming, whatever the worker count
+      (torchdata's workers restart their per-worker streams). This is the one
+      difference from torchdata's batches: augmentations are not torch's
+      per-worker streams.
+
+    An IterableDataset resumes by reading its epoch again with the same seeds and
+    dropping the batches already handed out (the same num_workers is needed: its
+    batch order depends on it). With ``num_workers=0`` the loop is torchdata's
+    own, and so is the state (with its tensors encoded for JSON).
+    """
 
     def __init__(self, *args: Any, snapshot_every_n_steps: Optional[int] = 1, **kwargs: Any) -> None:
         object.__setattr__(self, "_peer", _peer_class())
@@ -74,7 +74,7 @@ class StatefulDataLoader(DataLoader):
 
     # --- the state ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands (JSON-able, versioned); see the module text for what resumes where."""
+        """Where the loader stands (JSON-able, versioned); the class text says what resumes where."""
         loader = self._torch
         if loader.num_workers == 0:
             return new_state(_FORMAT, torchdata=_to_json(loader.state_dict()))
