@@ -13,7 +13,7 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev pkg-config $(FUZZ_APT_PACKAGES)
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \

@@ -19,7 +19,7 @@ MODULES = ["spindle", "spindle.torch", "spindle.grain", "spindle.limits"]
 
 # Names a module loads on first use (its __getattr__), so that importing it stays cheap.
 # pdoc reads a module's __dict__, so they are resolved here before it runs.
-LAZY = {"spindle": ["DataLoader", "PipelineLoader"], "spindle.torch": ["StatefulDataLoader"]}
+LAZY = {"spindle": ["DataLoader", "PipelineLoader", "mix", "Mix"], "spindle.torch": ["StatefulDataLoader"]}
 
 
 def load_modules() -> list[Any]:
