@@ -68,6 +68,7 @@ class Mix:
         self.shuffle = bool(shuffle)
         self._sources: Optional[memoryview] = None  # element i's source, then its index there
         self._indices: Optional[memoryview] = None
+        self._get = [dataset.__getitem__ for dataset in datasets]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self.datasets, self.weights, self.seed, self.shuffle))  # the recipe, not the schedule
@@ -112,15 +113,15 @@ class Mix:
         return self._sources[i], self._indices[i]
 
     def __getitem__(self, i: int) -> Any:
-        sources = self._sources
-        if sources is None:
-            self._build()
-            sources = self._sources
+        # The hot path (once a sample, in the workers): two memoryview lookups and the source's
+        # own __getitem__, bound once; the checks run only when it fails.
         try:
-            return self.datasets[sources[i]][self._indices[i]]
-        except IndexError:
-            if not -len(sources) <= i < len(sources):
-                self.locate(i)  # raises, naming the range
+            return self._get[self._sources[i]](self._indices[i])
+        except (TypeError, IndexError):
+            if self._sources is None:  # not built yet
+                self._build()
+                return self[i]
+            self.locate(i)  # raises, naming the range, if `i` is out of it
             raise
 
     def spindle_state_key(self) -> dict[str, Any]:
