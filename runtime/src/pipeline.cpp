@@ -431,6 +431,7 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
   bytes.rows.resize(pipe.field_names().size() - 2);
   bytes.origins.resize(indices.size());
   std::vector<std::size_t> bad;
+  Skips skips;
   std::string first_error, first_path, first_key;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     try {
@@ -438,14 +439,17 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
     } catch (const DecodeError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const DataError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const std::exception& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what();
+      skips.add(e.what());
       bad.push_back(row);
     }
   }
@@ -485,7 +489,7 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
     bytes.origins[r] = bytes.origins[src];
   }
   pipe.put_bytes(layout, payload, bytes, indices.size());
-  return Skips{bad.size(), first_error};
+  return skips;
 }
 
 }  // namespace spindle

@@ -12,13 +12,22 @@ namespace spindle {
 namespace {
 
 // Skipped samples: the count in the slot's own field (SlotHeader::skipped),
-// which the consumer's ratio check reads; the first reason, for the warning
-// a front end gives, in the batch's structure bytes (still as
-// "skipped=N;reason=<the first error>" until the Python front reads the field).
+// which the consumer's ratio check reads; the reasons of the first
+// Skips::kMaxReasons, one a line (each naming its file), for the warning a
+// front end gives, in the batch's structure bytes. Each is cut to fit, so the
+// lines always fit the descriptor's structure bytes.
 void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
   ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
   if (!skips.count) return;
-  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, skips.first_reason.substr(0, 1000));
+  constexpr std::size_t kLine = SlotLayout::kMaxStructureBytes / Skips::kMaxReasons - 1;
+  std::string lines;
+  for (const std::string& r : skips.reasons) {
+    std::string line = r.substr(0, kLine);
+    for (char& c : line)
+      if (c == '\n') c = ' ';
+    lines += (lines.empty() ? "" : "\n") + line;
+  }
+  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, lines);
 }
 
 // Inside a catch block: fails the item with its failure kind, path and key
@@ -150,7 +159,7 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
             ++count;
           } catch (const std::exception& e) {
             if (!skip) throw;
-            if (skips.count++ == 0) skips.first_reason = e.what();  // dropped from the stream, counted
+            skips.add(e.what());  // dropped from the stream, counted
           }
         }
         if (count == 0) {
