@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'ShardOptions', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -247,6 +247,41 @@ class AttachedWorker:
     @property
     def context(self) -> WorkerContext:
         ...
+class LoaderStats:
+    """
+    What a Loader has done (loader_stats.hpp); to_dict() is what the fronts' stats() return.
+    """
+    def __init__(self) -> None:
+        ...
+    def merge(self, other: LoaderStats) -> None:
+        """
+        Adds `other`'s counts (an earlier epoch's loader); keeps this one's ring and worker state.
+        """
+    def to_dict(self) -> dict:
+        ...
+    def wait_quantile_ms(self, q: typing.SupportsFloat | typing.SupportsIndex) -> float:
+        ...
+    @property
+    def batches(self) -> int:
+        ...
+    @property
+    def samples(self) -> int:
+        ...
+    @property
+    def skipped(self) -> int:
+        ...
+    @property
+    def wait_max_ms(self) -> float:
+        ...
+    @property
+    def wait_p50_ms(self) -> float:
+        ...
+    @property
+    def wait_p95_ms(self) -> float:
+        ...
+    @property
+    def wait_s(self) -> float:
+        ...
 class LoaderOptions:
     """
     How a Loader runs (loader.hpp): workers, slots, ordering, waiting and the thread budget. Set the fields, then pass it to Loader.
@@ -350,6 +385,22 @@ class LoaderOptions:
     def slot_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def stall_warning(self) -> float:
+        """
+        Seconds one next() may wait before a StallWarning names what the workers do (0: never).
+        """
+    @stall_warning.setter
+    def stall_warning(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def stats(self) -> bool:
+        """
+        Keep statistics (Loader.stats()); off: nothing is measured (SPINDLE_STATS=0 for every loader).
+        """
+    @stats.setter
+    def stats(self, arg0: bool) -> None:
+        ...
+    @property
     def timeout(self) -> float:
         """
         Max wait for one batch, in seconds (0 or inf: forever).
@@ -409,9 +460,15 @@ class Loader:
         ...
     def reset(self, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None) -> None:
         ...
+    def reset_stats(self) -> None:
+        ...
     def reset_streams(self, *, first_worker: typing.SupportsInt | typing.SupportsIndex = 0, messages: collections.abc.Sequence[bytes] | None = None) -> None:
         """
         Round-robin loaders: a new epoch of every worker's stream on the same workers; the first item each worker claims has new_stream set and carries messages[w].
+        """
+    def stats(self) -> LoaderStats:
+        """
+        Counts since the loader started or reset_stats(), and the ring's and workers' state now (safe from any thread).
         """
     @property
     def budget_note(self) -> str:
@@ -518,16 +575,53 @@ class WebDatasetShardIterator:
         ...
     def __next__(self) -> dict:
         ...
+class ShardOptions:
+    """
+    Where WebDataset shards live and how they are fetched (shard_stream.hpp): retries, timeouts (seconds), the local cache of remote shards.
+    """
+    cache_dir: str
+    def __init__(self) -> None:
+        ...
+    @property
+    def backoff(self) -> float:
+        ...
+    @backoff.setter
+    def backoff(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def cache_limit_bytes(self) -> int:
+        ...
+    @cache_limit_bytes.setter
+    def cache_limit_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def read_ahead_bytes(self) -> int:
+        ...
+    @read_ahead_bytes.setter
+    def read_ahead_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def retries(self) -> int:
+        ...
+    @retries.setter
+    def retries(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def timeout(self) -> float:
+        ...
+    @timeout.setter
+    def timeout(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
 class WebDataset:
     """
-    WebDataset tar shards: members grouped into samples by key, read streaming.
+    WebDataset tar shards (paths or URLs, brace notation expanded): members grouped into samples by key, read streaming.
     """
     @staticmethod
     def label_of(sample: dict) -> int:
         """
         The label from 'cls' (decimal text) or 'json' ({"label": n}), else -1.
         """
-    def __init__(self, shards: collections.abc.Sequence[str]) -> None:
+    def __init__(self, shards: collections.abc.Sequence[str], options: ShardOptions = ...) -> None:
         ...
     def iter_shard(self, shard: typing.SupportsInt | typing.SupportsIndex) -> WebDatasetShardIterator:
         """
@@ -539,6 +633,9 @@ class WebDataset:
         """
     @property
     def num_shards(self) -> int:
+        ...
+    @property
+    def options(self) -> ShardOptions:
         ...
     @property
     def shards(self) -> list[str]:
@@ -623,6 +720,7 @@ class PipelineOptions:
     image_folder: str
     npy: str
     on_error: OnError
+    webdataset_options: ShardOptions
     def __init__(self) -> None:
         ...
     @property
@@ -757,6 +855,10 @@ def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int
 def decode_image(data: typing_extensions.Buffer, crop: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None) -> numpy.ndarray:
     """
     Decodes a JPEG or PNG (crop (top, left, h, w), then resize to (h, w)) to an (H, W, 3) uint8 array.
+    """
+def expand_shard_urls(spec: str) -> list[str]:
+    """
+    webdataset's shard notation expanded: braces ('{000..099}', '{a,b}') and '::' lists.
     """
 def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
