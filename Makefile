@@ -13,11 +13,11 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev pkg-config $(FUZZ_APT_PACKAGES)
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.*
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
-	bench bench-cpp bench-peers peers-venv clean fuzz-deps fuzz-build fuzz fuzz-smoke
+	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 # The newcomer's first minute: build and install, generate a small ImageNet-like folder
 # (no network), then spindle against torch's DataLoader and the native pipeline, side
@@ -101,6 +101,10 @@ peer-torch: install-py
 	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
 	$(PIP) install -q expecttest
 	tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
+
+# --- the API reference: HTML from the docstrings (pdoc) into build/docs, not committed ---
+docs: install-py
+	$(PY) docs/api_reference.py build/docs
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
 # `spindle bench` (every installed peer, every workload; the command of docs/benchmarks.md's

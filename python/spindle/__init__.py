@@ -36,6 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "DataLoader",
     "PipelineLoader",
+    "mix",
+    "Mix",
     "pipeline",
     "ThreadBudget",
     "ThreadPlan",
@@ -61,6 +63,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(".dataloader", __name__).DataLoader
     if name == "PipelineLoader":
         return importlib.import_module(".pipeline", __name__).PipelineLoader
+    if name in ("mix", "Mix"):
+        return getattr(importlib.import_module("._state.mixing", __name__), name)
     if name in ("ops", "pipeline"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spindle' has no attribute {name!r}")

@@ -29,8 +29,9 @@ import numpy as np
 from . import _core
 from ._runtime.epoch import EpochIterator
 from ._runtime.forking import forking
-from ._state.checkpoint import Position, Progress, check_state, new_state
-from ._state.sharding import resolve_shard, shard_list, shard_order
+from ._state.checkpoint import Position, Progress, new_state
+from ._state.elastic import load_position, rank_part, resplits_json, stream_resume_check
+from ._state.sharding import resolve_shard, shard_list
 from .errors import DataError, DecodeError, InternalError, SpindleError
 
 __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
@@ -40,19 +41,30 @@ _FORMAT = "spindle.Loader"
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """A native pipeline: a source and its ops. Build it with :func:`image_folder`
-    or :func:`arrays` and the methods below; each returns a new Pipeline."""
+    """A native pipeline: a source and its ops. Build it with :func:`image_folder`,
+    :func:`webdataset` or :func:`arrays` and the methods below; each returns a new
+    Pipeline (the fields record what the methods set; read them, do not set them)."""
 
     source: tuple[str, Any]  # ("image_folder", root), ("npy", path) or ("webdataset", [shards])
+    """What :func:`image_folder`, :func:`webdataset` or :func:`arrays` was given."""
     decoded: bool = False
+    """:meth:`decode` was called."""
     rrc: Optional[tuple[int, tuple[float, float], tuple[float, float]]] = None
+    """:meth:`random_resized_crop`'s (size, scale, ratio), or None."""
     shorter: Optional[int] = None
+    """:meth:`resize`'s shorter side, or None."""
     center: Optional[int] = None
+    """:meth:`center_crop`'s size, or None."""
     flip: float = 0.0
+    """:meth:`random_flip`'s probability (0: no flip)."""
     norm: Optional[tuple[tuple[float, ...], tuple[float, ...], bool]] = None
+    """:meth:`normalize`'s (mean, std, channels first), or None."""
     errors: tuple[str, float] = ("raise", 0.05)
+    """:meth:`on_error`'s (policy, max_ratio)."""
     batch_size: int = 1
+    """:meth:`batch`'s samples per batch."""
     drop_last: bool = False
+    """:meth:`batch`'s drop_last."""
 
     def decode(self) -> "Pipeline":
         """Decodes JPEG/PNG files to RGB uint8 (fused with the crop that follows)."""
@@ -94,7 +106,7 @@ class Pipeline:
         return dataclasses.replace(self, errors=(policy, float(max_ratio)))
 
     def batch(self, batch_size: int, drop_last: bool = False) -> "Pipeline":
-        """Samples per batch."""
+        """Samples per batch; with `drop_last`, an epoch's short last batch is dropped."""
         if batch_size < 1:
             raise ValueError(f"batch_size should be >= 1, got {batch_size}")
         return dataclasses.replace(self, batch_size=int(batch_size), drop_last=bool(drop_last))
@@ -205,6 +217,7 @@ class PipelineLoader:
         else:  # sharded: every rank must draw the same order (DistributedSampler's default seed is 0 too)
             self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
         self._resume_skip = 0
+        self._resplits: tuple = ()  # the next epoch's earlier re-splits (an elastic resume)
         self._position: Optional[Position] = None
 
     def __len__(self) -> int:
@@ -221,47 +234,58 @@ class PipelineLoader:
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        epoch, skip = self._epoch, self._resume_skip
+        epoch, skip, resplits = self._epoch, self._resume_skip, self._resplits
         self._epoch += 1
-        self._resume_skip = 0
-        self._position = position = Position(epoch, skip)
-        return Progress(self._epoch_iterator(epoch, skip), position)
+        self._resume_skip, self._resplits = 0, ()
+        self._position = position = Position(epoch, skip, resplits)
+        return Progress(self._epoch_iterator(epoch, skip, resplits), position)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned)."""
         position = self._position
         if position is None or position.finished:
-            epoch, batches = self._epoch, self._resume_skip
+            epoch, batches, resplits = self._epoch, self._resume_skip, self._resplits
         else:
-            epoch, batches = position.epoch, position.yielded
+            epoch, batches, resplits = position.epoch, position.yielded, position.resplits
         # The checkpoint's format name is the one states were saved under (before the class was
         # renamed PipelineLoader): saved states keep loading.
-        return new_state(_FORMAT, epoch=epoch, batches=batches, **self._state_settings())
+        return new_state(_FORMAT, epoch=epoch, batches=batches, resplits=resplits_json(resplits),
+                         shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
+                         **self._state_settings())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next."""
-        if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
-            self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
-        check_state(state, _FORMAT, self._state_settings())
-        self._epoch = int(state["epoch"])
-        self._resume_skip = int(state["batches"])
+    def load_state_dict(self, state: Any) -> None:
+        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next.
+
+        With a shard, `state` may come from another world size or rank (elastic resume,
+        docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
+        of every old rank's state. A WebDataset stream resumes mid-epoch at its own world size only."""
+        first = state[0] if isinstance(state, (list, tuple)) and state else state
+        if self.seed is None and isinstance(first, dict) and isinstance(first.get("seed"), int):
+            self._entropy = first["seed"]  # no seed of its own: the state's entropy is the order's
+        if self._native.streaming:
+            stream_resume_check(state, _FORMAT, self.shard)
+        self._epoch, self._resplits, self._resume_skip = load_position(
+            state, _FORMAT, self._state_settings(), self.shard, self.shard_drop_last, self.pipeline.batch_size,
+            self._global_order)
         self._position = None
+
+    def _global_order(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s order of all samples (every rank draws the same)."""
+        n = len(self._native)
+        rng = np.random.default_rng([self._entropy, epoch])
+        return rng.permutation(n) if self.shuffle else np.arange(n)
 
     def _state_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = dict(
             seed=self._entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
             samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
-            shuffle=self.shuffle, shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
-            shard_drop_last=self.shard_drop_last)
+            shuffle=self.shuffle, shard_drop_last=self.shard_drop_last)
         if self._native.streaming:  # a stream's batch order depends on the worker count
             settings["num_workers"] = self.num_workers
         return settings
 
-    def _epoch_iterator(self, epoch: int, skip: int) -> Iterator[dict[str, np.ndarray]]:
-        n = len(self._native)
-        rng = np.random.default_rng([self._entropy, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = shard_order(order, self.shard, self.shard_drop_last)
+    def _epoch_iterator(self, epoch: int, skip: int, resplits: tuple) -> Iterator[dict[str, np.ndarray]]:
+        order = rank_part(self._global_order(epoch), resplits, self.shard, self.shard_drop_last)
         if not self._native.streaming:
             order = order[skip * self.pipeline.batch_size:]  # resuming: the batches already handed out
         order = np.ascontiguousarray(order, dtype=np.int64)

@@ -514,6 +514,13 @@ class _Batches:
         keys = [i for b in batches for i in b]
         return cls(keys, np.cumsum([0] + [len(b) for b in batches], dtype=np.int64), _integer_order(keys))
 
+    @classmethod
+    def of_order(cls, order: np.ndarray, batch_size: int, drop_last: bool) -> "_Batches":
+        """An order of integer keys cut into runs of batch_size, as torch's BatchSampler cuts its sampler's."""
+        n = len(order) - len(order) % batch_size if drop_last else len(order)
+        keys = np.ascontiguousarray(order[:n], dtype=np.int64)
+        return cls(keys, np.append(np.arange(0, n, batch_size, dtype=np.int64), np.int64(n)), keys)
+
     def __len__(self) -> int:
         return len(self.starts) - 1
 
