@@ -12,8 +12,9 @@ FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev pkg-config $(FUZZ_APT_PACKAGES)
+# datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc hypothesis
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
@@ -24,7 +25,7 @@ JOBS ?= 2
 # by side; prints the table and where the plots went.
 DEMO_OUT ?= build/demo
 demo: install-py
-	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,spindle-native-processes,spindle-native-threads \
+	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,torch+PIL,spindle-native-processes,spindle-native-threads \
 	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
 test: test-cpp fuzz-smoke test-sanitizers test-py

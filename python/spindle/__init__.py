@@ -31,8 +31,6 @@ from .errors import (
 
 from .limits import RuntimeLimit, ThreadLimitReport, limit_threads
 
-__version__ = "0.1.0"
-
 __all__ = [
     "DataLoader",
     "PipelineLoader",
@@ -59,6 +57,11 @@ def __getattr__(name: str) -> Any:
     # first use, after a limit_threads(n) that wants to run before it.
     import importlib
 
+    if name == "__version__":
+        # One owner: pyproject.toml's version, as pip installed it (the package's metadata).
+        from importlib.metadata import version
+
+        return version("spindle")
     if name == "DataLoader":
         return importlib.import_module(".dataloader", __name__).DataLoader
     if name == "PipelineLoader":

@@ -111,6 +111,9 @@ class SlotLayout:
     """
     How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one C-contiguous block [capacity, *shape] per field, 64-byte aligned.
     """
+    MAX_DIMS: typing.ClassVar[int] = 8
+    MAX_FIELDS: typing.ClassVar[int] = 32
+    MAX_STRUCTURE_BYTES: typing.ClassVar[int] = 4096
     @staticmethod
     def dtype_itemsize(dtype: str) -> int:
         ...

@@ -9,6 +9,9 @@ of its batch is alive, so kept batches are never overwritten.
 from __future__ import annotations
 
 import numbers
+import operator
+import pickle
+import sys
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
@@ -18,7 +21,7 @@ from . import _core
 from ._budget.policy import resolve_policy, warn_if_shrunk
 from ._runtime.epoch import EpochIterator
 from ._runtime.forking import forking
-from ._runtime.layout import BatchReader, SlotWriter, collate_local
+from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
@@ -32,6 +35,52 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} should be an integer >= {minimum}, but got {name}={value!r}")
     return int(value)
+
+
+# The arguments torch's DataLoader also takes are checked as torch checks them: the same
+# exception type and words (torch raises some of these only once iterated; here they are
+# raised at construction).
+def _check_num_workers(value: Any) -> int:
+    if value < 0:  # a str: TypeError from the comparison, as in torch
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    return operator.index(value)  # 2.5: TypeError "'float' object cannot be interpreted as an integer"
+
+
+def _check_batch_size(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:  # torch's BatchSampler
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={value}")
+    return int(value)
+
+
+def _check_prefetch_factor(value: Any) -> int:
+    if value < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    n = operator.index(value)
+    if n == 0:  # torch would hang with no batch in flight; spindle needs one
+        raise ValueError("prefetch_factor should be at least 1 (batches in flight per worker), but got "
+                         "prefetch_factor=0")
+    return n
+
+
+def _check_dataset(dataset: Any) -> None:
+    """Refuses an iterable-style dataset (no ``len()``/``dataset[i]``, or torch's IterableDataset) at
+    construction, naming the loaders that take one."""
+    torch_data = sys.modules.get("torch.utils.data")
+    iterable = torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
+    if iterable or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(
+            f"spindle.DataLoader needs a map-style dataset (len(dataset) and dataset[i]), but got "
+            f"{type(dataset).__name__}, an iterable-style dataset. For a stream, use spindle.torch.DataLoader "
+            "(torch's interface: each worker iterates its own copy, batches come from the workers in turn) "
+            "or spindle.grain.mp_prefetch for a grain IterDataset.")
+
+
+def _check_timeout(value: Any) -> float:
+    if value < 0:  # a str: TypeError from the comparison, as in torch
+        raise ValueError("timeout option should be non-negative")
+    if value != value:  # NaN
+        raise ValueError(f"timeout should be a number of seconds >= 0, but got timeout={value!r}")
+    return float(value)
 
 
 class DataLoader:
@@ -114,11 +163,11 @@ class DataLoader:
                  persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
                  budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
         self.dataset = dataset
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.num_workers = _check_int("num_workers", num_workers, 0)
-        self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
-        if not timeout >= 0:  # also NaN
-            raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
+        _check_dataset(dataset)
+        self.batch_size = _check_batch_size(batch_size)
+        self.num_workers = _check_num_workers(num_workers)
+        self.prefetch_factor = _check_prefetch_factor(prefetch_factor)
+        timeout = _check_timeout(timeout)
         self.max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes, 1)
         if max_threads is not None:
             max_threads = _check_int("max_threads", max_threads, 0)
@@ -279,6 +328,7 @@ class ArrayBatches:
 
     def __init__(self, capacity: int) -> None:
         self._writer = SlotWriter(capacity)
+        self._reader = BatchReader()
 
     def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
         """The item's samples, written as read where they can be (SlotWriter.read): None if
@@ -286,7 +336,11 @@ class ArrayBatches:
         return self._writer.read(ctx, item, dataset)
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        self._writer.write(ctx, item, samples, indices)
+        columns = self._writer.write(ctx, item, samples, indices)
+        if columns is not None:
+            # More fields (or a larger structure) than a slot's descriptor holds: the same
+            # numpy batch, built here and pickled into the slot (a copy, not zero-copy).
+            ctx.put_bytes(item, pickle.dumps(stacked(columns, self._reader), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,

@@ -331,8 +331,8 @@ def _native_error(failed: Any) -> BaseException:
 def _decode_fields(lease: Any) -> dict[str, Any]:
     image, label = lease.arrays()
     batch = {"image": image, "label": label}
-    if lease.skipped:  # the batch's own count; its structure bytes hold the first reason
-        batch["_skipped"] = (lease.skipped, lease.structure.decode(errors="replace"))
+    if lease.skipped:  # the batch's own count; its structure bytes the first few reasons, one a line
+        batch["_skipped"] = (lease.skipped, lease.structure.decode(errors="replace").split("\n"))
     return batch
 
 
@@ -356,7 +356,8 @@ class _SkipWarnings:
         batch = self._it.__next__()  # raises SkipRatioError itself (LoaderOptions::max_skip_ratio)
         skipped = batch.pop("_skipped", None)
         if skipped:
-            count, reason = skipped
-            warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: {reason}", RuntimeWarning,
-                          stacklevel=2)
+            count, reasons = skipped
+            more = f"; and {count - len(reasons)} more" if count > len(reasons) else ""
+            warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: " + "; ".join(reasons) + more,
+                          RuntimeWarning, stacklevel=2)
         return batch

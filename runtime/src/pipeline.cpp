@@ -304,6 +304,7 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
                  const SlotLayout& layout, std::span<std::byte> payload) {
   const bool skip = pipe.options().on_error == PipelineOptions::OnError::kSkip;
   std::vector<std::size_t> bad;
+  Skips skips;
   std::string first_error, first_path, first_key;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     try {
@@ -311,14 +312,17 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
     } catch (const DecodeError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const DataError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const std::exception& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what();
+      skips.add(e.what());
       bad.push_back(row);
     }
   }
@@ -348,19 +352,28 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
       std::memcpy(block + r * layout.row_bytes(f), block + src * layout.row_bytes(f), layout.row_bytes(f));
     }
   }
-  return Skips{bad.size(), first_error};
+  return skips;
 }
 
 namespace {
 
 // Skipped samples: the count in the slot's own field (SlotHeader::skipped),
-// which the consumer's ratio check reads; the first reason, for the warning
-// a front end gives, in the batch's structure bytes (still as
-// "skipped=N;reason=<the first error>" until the Python front reads the field).
+// which the consumer's ratio check reads; the reasons of the first
+// Skips::kMaxReasons, one a line (each naming its file), for the warning a
+// front end gives, in the batch's structure bytes. Each is cut to fit, so the
+// lines always fit the descriptor's structure bytes.
 void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
   ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
   if (!skips.count) return;
-  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, skips.first_reason.substr(0, 1000));
+  constexpr std::size_t kLine = SlotLayout::kMaxStructureBytes / Skips::kMaxReasons - 1;
+  std::string lines;
+  for (const std::string& r : skips.reasons) {
+    std::string line = r.substr(0, kLine);
+    for (char& c : line)
+      if (c == '\n') c = ' ';
+    lines += (lines.empty() ? "" : "\n") + line;
+  }
+  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, lines);
 }
 
 // Inside a catch block: fails the item with its failure kind, path and key
@@ -470,7 +483,7 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
             ++count;
           } catch (const std::exception& e) {
             if (!skip) throw;
-            if (skips.count++ == 0) skips.first_reason = e.what();  // dropped from the stream, counted
+            skips.add(e.what());  // dropped from the stream, counted
           }
         }
         if (count == 0) {

@@ -23,7 +23,7 @@ def _peer_class() -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader as peer
     except ImportError as exc:
         raise ImportError("spindle.torch.StatefulDataLoader is the drop-in for torchdata's StatefulDataLoader and "
-                          "builds its samplers with torchdata's class: pip install 'torchdata==0.11.*'") from exc
+                          "builds its samplers with torchdata's class: pip install 'spindle[torch]'") from exc
     return peer
 
 

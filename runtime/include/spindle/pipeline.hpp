@@ -102,13 +102,17 @@ class Pipeline {
   std::unique_ptr<Impl> impl_;
 };
 
-// What fill_batch skipped (on_error=kSkip): how many samples, and the first
-// reason. The count travels in the batch's own field (SlotHeader::skipped,
+// What fill_batch skipped (on_error=kSkip): how many samples, and the
+// reasons of the first kMaxReasons (the warning names their files). The count travels in the batch's own field (SlotHeader::skipped,
 // Batch::skipped()); the consumer enforces max_skip_ratio on it
 // (LoaderOptions::max_skip_ratio).
 struct Skips {
+  static constexpr std::size_t kMaxReasons = 8;  // reasons kept per batch; the rest are counted
   std::size_t count = 0;
-  std::string first_reason;
+  std::vector<std::string> reasons;  // of the first kMaxReasons skipped samples, each naming its file
+  void add(std::string reason) {
+    if (count++ < kMaxReasons) reasons.push_back(std::move(reason));
+  }
 };
 
 // Fills rows of a batch: produce() for each index, applying on_error. With
