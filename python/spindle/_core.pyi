@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -454,7 +454,7 @@ class CloseOnDrop:
         ...
 class ImageFolder:
     """
-    Images in the ImageNet layout root/<class>/<file>, ordered and labelled by torchvision.datasets.ImageFolder's rule (its IMG_EXTENSIONS: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case).
+    Images in the ImageNet layout root/<class>/<file>, ordered and labelled by torchvision.datasets.ImageFolder's rule (.jpg/.jpeg/.png only).
     """
     def __init__(self, root: str) -> None:
         ...
@@ -543,26 +543,33 @@ class WebDataset:
     @property
     def shards(self) -> list[str]:
         ...
-class RandomResizedCrop:
-    def __init__(self) -> None:
+class Stage:
+    """
+    One per-sample stage of a native pipeline (see stage.hpp); built by the static methods.
+    """
+    @staticmethod
+    def center_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def decode() -> Stage:
+        ...
+    @staticmethod
+    def normalize(mean: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], std: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], chw: bool) -> Stage:
+        ...
+    @staticmethod
+    def random_flip(p: typing.SupportsFloat | typing.SupportsIndex) -> Stage:
+        ...
+    @staticmethod
+    def random_resized_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex], scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def resize(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def resize_shorter(shorter: typing.SupportsInt | typing.SupportsIndex) -> Stage:
         ...
     @property
-    def ratio(self) -> tuple[float, float]:
-        ...
-    @ratio.setter
-    def ratio(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
-        ...
-    @property
-    def scale(self) -> tuple[float, float]:
-        ...
-    @scale.setter
-    def scale(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
-        ...
-    @property
-    def size(self) -> int:
-        ...
-    @size.setter
-    def size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def name(self) -> str:
         ...
 class OnError:
     """
@@ -613,25 +620,22 @@ class PipelineOptions:
     """
     What a native pipeline reads and does (see pipeline.hpp).
     """
-    chw: bool
-    decode: bool
     image_folder: str
     npy: str
     on_error: OnError
-    random_resized_crop: RandomResizedCrop | None
     def __init__(self) -> None:
         ...
     @property
-    def center_crop(self) -> int | None:
+    def bytes_per_sample(self) -> int:
         ...
-    @center_crop.setter
-    def center_crop(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+    @bytes_per_sample.setter
+    def bytes_per_sample(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
-    def flip_probability(self) -> float:
+    def keep(self) -> list[str]:
         ...
-    @flip_probability.setter
-    def flip_probability(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    @keep.setter
+    def keep(self, arg0: collections.abc.Sequence[str]) -> None:
         ...
     @property
     def max_skip_ratio(self) -> float:
@@ -640,16 +644,10 @@ class PipelineOptions:
     def max_skip_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
-    def normalize(self) -> tuple[typing.Annotated[list[float], "FixedSize(3)"], typing.Annotated[list[float], "FixedSize(3)"]] | None:
+    def stages(self) -> list[Stage]:
         ...
-    @normalize.setter
-    def normalize(self, arg0: tuple[typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"]] | None) -> None:
-        ...
-    @property
-    def resize_shorter(self) -> int | None:
-        ...
-    @resize_shorter.setter
-    def resize_shorter(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+    @stages.setter
+    def stages(self, arg0: collections.abc.Sequence[Stage]) -> None:
         ...
     @property
     def webdataset(self) -> list[str]:
@@ -664,7 +662,12 @@ class Pipeline:
         ...
     def fields(self) -> list:
         """
-        (dtype string, per-sample shape) of the batch's fields: image, label.
+        (dtype string, per-sample shape) of the batch's fields: image, label, then byte fields ('|u1', ()).
+        """
+    @property
+    def field_names(self) -> list[str]:
+        """
+        The batch's field names: 'image', 'label', then the byte fields.
         """
     @property
     def streaming(self) -> bool:
@@ -731,22 +734,6 @@ class ProcessStatus:
         """
         Threads:
         """
-def adjust_brightness(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
-    """
-    torchvision adjust_brightness (tensor formula) of an (H, W, 3) copy.
-    """
-def adjust_contrast(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
-    """
-    torchvision adjust_contrast (tensor formula) of an (H, W, 3) copy.
-    """
-def adjust_hue(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
-    """
-    torchvision adjust_hue (tensor formula) of an (H, W, 3) copy.
-    """
-def adjust_saturation(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
-    """
-    torchvision adjust_saturation (tensor formula) of an (H, W, 3) copy.
-    """
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
@@ -757,19 +744,11 @@ def arm_parent_death(parent: typing.SupportsInt | typing.SupportsIndex, signal: 
     """
 def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
     """
-    CenterCrop's box (top, left, h, w); it leaves an image smaller than the crop, as torchvision's pad-then-crop does.
+    CenterCrop's box (top, left, h, w), clamped to the image.
     """
 def cgroup_pids_levels(pid: typing.SupportsInt | typing.SupportsIndex | None = None, *, proc_root: str = '/proc', cgroup_root: str = '/sys/fs/cgroup') -> list:
     """
     pids.max and pids.current of every level from the cgroup of pid (None: this process) up to the root (v2, or the v1 pids hierarchy, which wins), as dicts with path, max (None: no limit) and current; levels without both files are left out. ThreadBudget binds to the tightest of them.
-    """
-def color_jitter(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0) -> numpy.ndarray:
-    """
-    ColorJitter of an (H, W, 3) copy, its draw from (seed, epoch, index).
-    """
-def color_jitter_draw(seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0) -> tuple[tuple[int, int, int, int], float | None, float | None, float | None, float | None]:
-    """
-    ColorJitter.get_params from (seed, epoch, index): (order, brightness, contrast, saturation, hue).
     """
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
@@ -777,7 +756,7 @@ def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int
     """
 def decode_image(data: typing_extensions.Buffer, crop: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None) -> numpy.ndarray:
     """
-    Decodes a JPEG, PNG, WebP, TIFF, BMP or binary PPM/PGM (crop (top, left, h, w), zero-padded where it leaves the image, then resize to (h, w)) to an (H, W, 3) uint8 array.
+    Decodes a JPEG or PNG (crop (top, left, h, w), then resize to (h, w)) to an (H, W, 3) uint8 array.
     """
 def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
@@ -831,10 +810,6 @@ def process_threads(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root
     """
     (tid, name) of every thread of process pid, ascending by tid, the name from its comm; None if the process is gone. Threads that exit while it looks are left out.
     """
-def random_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], p: typing.SupportsFloat | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.ndarray, bool]:
-    """
-    RandomGrayscale(p) of an (H, W, 3) copy, its draw from (seed, epoch, index): (image, whether it was applied).
-    """
 def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
     """
     torchvision RandomResizedCrop's box (top, left, h, w), drawn from (seed, epoch, index).
@@ -846,9 +821,5 @@ def reserve_stopping(tasks: typing.SupportsInt | typing.SupportsIndex) -> Ledger
 def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> numpy.ndarray:
     """
     PIL-equal antialiased bilinear resize of an (H, W, C) uint8 array.
-    """
-def rgb_to_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy.ndarray:
-    """
-    torchvision rgb_to_grayscale(num_output_channels=3) of an (H, W, 3) copy.
     """
 MIN_SLOT_BYTES: int = 65536

@@ -239,8 +239,9 @@ def test_old_format_state_still_loads_at_the_same_world_size():
 
 
 def test_stateful_loader_resumes_on_another_world_size_and_keeps_torchdatas_semantics_at_the_same():
-    """Proves: spindle.torch.StatefulDataLoader(shard=): 4 ranks -> 3 from rank 0's state covers the epoch once
-    (DistributedSampler's order); at the same world size its state resumes as before."""
+    """Proves: spindle.torch.StatefulDataLoader(shard=): 4 ranks -> 3 from rank 0's state, and 4 ranks out of
+    step -> 2 from every rank's state, cover the epoch once (DistributedSampler's order, + the pad); at the
+    same world size its state resumes as before."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchdata")
     from spindle.torch import StatefulDataLoader
@@ -257,7 +258,9 @@ def test_stateful_loader_resumes_on_another_world_size_and_keeps_torchdatas_sema
     old = [make(r, 4) for r in range(4)]
     its = [iter(loader) for loader in old]
     before = [ids([next(it) for _ in range(2)]) for it in its]
-    state = json.loads(json.dumps(old[0].state_dict()))
+    state = json.loads(json.dumps(old[0].state_dict()))  # in lock step, 2 batches each
+    extra = ids([next(its[1])])  # then rank 1 one batch further: out of step
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in old]
     rest0 = ids(its[0])
     after = []
     for r in range(3):
@@ -270,3 +273,10 @@ def test_stateful_loader_resumes_on_another_world_size_and_keeps_torchdatas_sema
     same = make(0, 4)
     same.load_state_dict(state)
     assert ids(same) == rest0  # the same world size: today's resume
+    after = []
+    for r in range(2):
+        loader = make(r, 2)
+        loader.load_state_dict(states)
+        after.append(ids(loader))
+    seen = sum(before + after, []) + extra
+    assert set(seen) == set(range(40)) and len(seen) == 40 + (-(40 - 27) % 2)

@@ -143,3 +143,33 @@ def test_mix_refuses_an_empty_or_non_map_style_source():
         spindle.mix([(i for i in range(3))], [1])
     zero_weight = spindle.mix([Tagged(0, 10), Tagged(1, 3)], [1, 0])  # weight 0: never drawn, no limit
     assert len(zero_weight) == 10 and {int(zero_weight[i][0]) // 1_000_000 for i in range(10)} == {0}
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 400), min_size=1, max_size=5), data=st.data(), seed=st.integers(0, 2**32),
+       shuffle=st.booleans())
+def test_mix_length_rule_and_discrepancy_hold_for_any_weights(lengths, data, seed, shuffle):
+    """Proves: for random lengths and weights, no element comes twice, no source gives more than it has, one
+    source is used up, the length is within the source count of grain's min len_j / p_j, and every prefix
+    has each source's count within the source count + 1 of i * p_j."""
+    weights = data.draw(st.lists(st.floats(0, 10), min_size=len(lengths), max_size=len(lengths)))
+    if not any(weights):
+        weights[0] = 1.0
+    mixed = spindle.mix([Tagged(j, n) for j, n in enumerate(lengths)], weights, seed=seed, shuffle=shuffle)
+    total = sum(weights)
+    p = [w / total for w in weights]
+    n = len(mixed)
+    grain_rule = min(length / share for length, share in zip(lengths, p) if share > 0)
+    assert abs(n - grain_rule) <= len(lengths)
+    located = [mixed.locate(i) for i in range(n)]
+    assert len(set(located)) == n
+    counts = np.zeros(len(lengths), dtype=np.int64)
+    for i, (j, k) in enumerate(located, 1):
+        counts[j] += 1
+        assert abs(counts[j] - i * p[j]) <= len(lengths) + 1
+    assert all(counts <= lengths) and any(counts == lengths)
+    assert all(counts[j] == 0 for j in range(len(lengths)) if p[j] == 0)

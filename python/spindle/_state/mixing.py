@@ -4,14 +4,15 @@ The schedule is stride scheduling (a low-discrepancy merge): source j, of normal
 p_j, has its k-th element at the virtual time ``(k + u_j) / p_j``, with a phase u_j in [0, 1)
 drawn from the seed; the mix's element i is the i-th of all sources' elements in time order
 (ties by source index). So among the first i elements, source j has ``i * p_j`` of them to
-within the number of sources, for every i; element i is a function of (seed, weights, the
-sources' lengths, i) alone, the same in any process, for any worker count and after any resume.
+within one more than the number of sources, for every i; element i is a function of (seed,
+weights, the sources' lengths, i) alone, the same in any process, for any worker count and
+after any resume.
 
-**Length.** The mix ends when a source runs out: just before the time ``(len_j + u_j) / p_j``
-at which the first source to run out would have had to give an element it does not have.
-Its length is within the number of sources of grain's ``MapDataset.mix`` rule
-``min_j len_j / p_j``, and no element of a source comes twice. A source of weight 0 is never
-drawn from and does not limit the length.
+**Length.** The mix ends when a source runs out: it is every element scheduled before the time
+``T = min_j len_j / p_j``, by which the source that runs out first has given all of its
+elements and no source more than it has. So its length is within the number of sources of
+grain's ``MapDataset.mix`` rule (``min_j len_j / p_j``), and no element comes twice. A
+source of weight 0 is never drawn from and does not limit the length.
 
 The schedule is built on first use (``len`` or an element) in O(L log L) time and kept as two
 arrays (5 bytes an element, 9 for sources past 2**31 elements); forked workers share the parent's copy, a pickled mix
@@ -78,7 +79,7 @@ class Mix:
         p = [w / total for w in self.weights]
         phases = np.random.default_rng([self.seed, 0]).random(len(p))
         drawn = [j for j in range(len(p)) if p[j] > 0]
-        end = min((self.lengths[j] + phases[j]) / p[j] for j in drawn)
+        end = min(self.lengths[j] / p[j] for j in drawn)  # grain's length rule, as a time
         times, sources, indices = [], [], []
         for j in drawn:
             t = (np.arange(self.lengths[j], dtype=np.float64) + phases[j]) / p[j]
