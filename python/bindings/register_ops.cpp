@@ -11,6 +11,7 @@
 #include <tuple>
 #include <variant>
 
+#include "interop/color_args.hpp"
 #include "register.hpp"
 
 namespace py = pybind11;
@@ -44,24 +45,6 @@ ops::Image from_array(const U8Array& a, const char* fn) {
 
 std::span<const std::byte> bytes_of(const py::buffer_info& info) {
   return {static_cast<const std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
-}
-
-// A ColorJitter argument as torchvision takes it: a number or a (min, max) pair.
-using JitterArg = std::variant<double, std::pair<double, double>>;
-
-std::optional<std::pair<double, double>> factor_range(const JitterArg& a, const char* name) {
-  if (const double* v = std::get_if<double>(&a)) return ops::ColorJitter::brightness_range(*v);
-  return ops::ColorJitter::factor_range(std::get<std::pair<double, double>>(a), name);
-}
-
-ops::ColorJitter jitter_of(const JitterArg& b, const JitterArg& c, const JitterArg& s, const JitterArg& h) {
-  ops::ColorJitter j;
-  j.brightness = factor_range(b, "brightness");
-  j.contrast = factor_range(c, "contrast");
-  j.saturation = factor_range(s, "saturation");
-  if (const double* v = std::get_if<double>(&h)) j.hue = ops::ColorJitter::hue_range(*v);
-  else j.hue = ops::ColorJitter::hue_range(std::get<std::pair<double, double>>(h));
-  return j;
 }
 
 // An (H, W, 3) copy of `image` changed in place by fn(pixels).
