@@ -84,12 +84,12 @@ class _PrefetchDataset(grain.IterDataset):
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
         self._sequential_slice = sequential_slice
-        self._stats: Optional[StatsBook] = None  # spindle.grain.DataLoader's stats(), when it made this stage
+        self._loader_stats: Optional[StatsBook] = None  # spindle.grain.DataLoader's stats(), when it made this stage
 
     def __iter__(self) -> "_PrefetchIterator":
         it = _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
                                self._sequential_slice)
-        it._stats = self._stats
+        it._loader_stats = self._loader_stats
         return it
 
     @property
@@ -118,7 +118,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._runtime: Optional[_core.Loader] = None
         self._it: Optional[EpochIterator] = None
         self._restart = False  # the workers must start again from self._states before the next element
-        self._stats: Optional[StatsBook] = None
+        self._loader_stats: Optional[StatsBook] = None
         # As grain's prefetch iterator: the options set upstream reach the
         # iterators after this one (they share this context), and options set
         # downstream are merged into it before the first element, then carried
@@ -153,7 +153,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                 # end of the elements leaves them waiting for a set_state(), as grain's
                 # do under repeat().
                 self._it = EpochIterator(runtime, batch_decoder(BatchReader(convert=first_row)), owns=False,
-                                         stats=self._stats)
+                                         stats=self._loader_stats)
         self._restart = False
 
     def _restart_slices(self, runtime: _core.Loader) -> None:
@@ -240,8 +240,8 @@ class _PrefetchIterator(grain.DatasetIterator):
         """Stops the workers; the next element starts new ones from the current state."""
         if self._runtime is not None:
             self._runtime.close()
-            if self._stats is not None:
-                self._stats.retire(self._runtime)
+            if self._loader_stats is not None:
+                self._loader_stats.retire(self._runtime)
         self._runtime = self._it = None
         self._restart = False
 
@@ -375,7 +375,7 @@ class DataLoader(HasStats):
             marker = self._grain._dataset
             state = marker._parent
             prefetch = _PrefetchDataset(state._parent, workers, max(1, worker_buffer_size), None, False)
-            prefetch._stats = self._stats_book()
+            prefetch._loader_stats = self._stats_book()
             state._parents = (prefetch,)
             state._worker_count = workers
             self._grain._multiprocessing_options = dataclasses.replace(
