@@ -56,7 +56,7 @@ from .._runtime.epoch import EpochIterator
 from .._runtime.forking import forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
-from .._runtime.spawned import payload_fd, worker_argv
+from .._runtime.spawned import WorkerPayload, worker_argv
 from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
@@ -260,11 +260,17 @@ class DataLoader(Generic[_T_co]):
         # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
         options.budget_policy = resolve_policy(None)
         if self._spawns():
-            fd = payload_fd(body, kwargs)
+            # Pickled in multiprocessing's spawning context, as torch's worker
+            # Process arguments are: its synchronization primitives, shared
+            # ctypes and tensors travel as they do to torch's workers.
             try:
-                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(), spawn_fds=[fd])
-            finally:
-                os.close(fd)
+                payload = WorkerPayload(body, kwargs)
+            except (TypeError, AttributeError, pickle.PicklingError):
+                warnings.warn(_PICKLE_ERROR_WORDS, stacklevel=5)
+                raise
+            with payload:
+                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(),
+                                       spawn_fds=payload.fds)
         else:
             with forking():
                 runtime = _core.Loader(options, order=order, starts=starts,
@@ -344,6 +350,15 @@ class DataLoader(Generic[_T_co]):
         if self._runtime is not None:
             self._runtime.close()
         self._runtime = self._close_on_drop = None
+
+
+# torch's words when its worker Process arguments do not pickle (its iterator warns, then re-raises).
+_PICKLE_ERROR_WORDS = (
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork').")
 
 
 def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: Any, batch_sampler: Any,
