@@ -12,19 +12,20 @@ FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev pkg-config $(FUZZ_APT_PACKAGES)
+# datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.*
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
-	bench bench-cpp bench-peers peers-venv clean fuzz-deps fuzz-build fuzz fuzz-smoke
+	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 # The newcomer's first minute: build and install, generate a small ImageNet-like folder
 # (no network), then spindle against torch's DataLoader and the native pipeline, side
 # by side; prints the table and where the plots went.
 DEMO_OUT ?= build/demo
 demo: install-py
-	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,spindle-native-processes,spindle-native-threads \
+	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,torch+PIL,spindle-native-processes,spindle-native-threads \
 	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
 test: test-cpp fuzz-smoke test-sanitizers test-py
@@ -102,6 +103,10 @@ peer-torch: install-py
 	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
 	$(PIP) install -q expecttest
 	START_METHOD=$(PEER_START_METHOD) tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
+
+# --- the API reference: HTML from the docstrings (pdoc) into build/docs, not committed ---
+docs: install-py
+	$(PY) docs/api_reference.py build/docs
 
 # --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
 # `spindle bench` (every installed peer, every workload; the command of docs/benchmarks.md's

@@ -5,7 +5,7 @@ With a seed, spindle.DataLoader and spindle.torch.StatefulDataLoader reseed
 ``dataset[i]``, so that a sample's augmentation does not depend on the worker
 that loads it and a resumed loader draws what the uninterrupted one drew.
 This measures that cost in one process, where the workers pay it: ``dataset[i]``
-of an 8x8x3 uint8 array (tests/python/datasets.Images), plain vs wrapped in
+of an 8x8x3 uint8 array (tests/python/toy_datasets.Images), plain vs wrapped in
 spindle._state.checkpoint.Reseeded (random + numpy; random + numpy + torch), 5 alternating
 rounds of 20,000 samples, medians. The ratio to a real sample's cost is what
 matters: a JPEG decode + crop is ~1-5 ms.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "python")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402,F401  (imported before timing: Reseeded(torch_cpu=True) reseeds it)
-from datasets import Images  # noqa: E402
+from toy_datasets import Images  # noqa: E402
 from machine import RESULTS_DIR, load_average, machine_info  # noqa: E402
 
 from spindle._state.checkpoint import Reseeded  # noqa: E402

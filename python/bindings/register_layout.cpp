@@ -18,9 +18,15 @@ namespace spindle::python {
 void register_layout(py::module_& m) {
   m.attr("MIN_SLOT_BYTES") = BatchRing::kMinSlotStride;
 
-  py::class_<SlotLayout>(m, "SlotLayout",
-                         "How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one "
-                         "C-contiguous block [capacity, *shape] per field, 64-byte aligned.")
+  py::class_<SlotLayout> layout(m, "SlotLayout",
+                                "How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one "
+                                "C-contiguous block [capacity, *shape] per field, 64-byte aligned.");
+  // The limits of a slot's descriptor, asked for by the front ends (a batch beyond them
+  // travels pickled) instead of repeated there.
+  layout.attr("MAX_FIELDS") = SlotLayout::kMaxFields;
+  layout.attr("MAX_DIMS") = SlotLayout::kMaxDims;
+  layout.attr("MAX_STRUCTURE_BYTES") = SlotLayout::kMaxStructureBytes;
+  layout
       .def(py::init([](const std::vector<std::pair<std::string, std::vector<int64_t>>>& fields, uint32_t capacity) {
              return SlotLayout(field_specs(fields), capacity);
            }),

@@ -14,11 +14,23 @@ namespace py = pybind11;
 namespace spindle::python {
 
 void register_pipeline(py::module_& m) {
-  py::class_<PipelineOptions::RandomResizedCrop>(m, "RandomResizedCrop")
-      .def(py::init<>())
-      .def_readwrite("size", &PipelineOptions::RandomResizedCrop::size)
-      .def_readwrite("scale", &PipelineOptions::RandomResizedCrop::scale)
-      .def_readwrite("ratio", &PipelineOptions::RandomResizedCrop::ratio);
+  // Built-in stages (stage.hpp); adding one: one static method here.
+  using Pair = std::pair<int, int>;
+  const auto size = [](Pair p) { return ops::Size{p.first, p.second}; };
+  py::class_<Stage>(m, "Stage", "One per-sample stage of a native pipeline (see stage.hpp); built by the static methods.")
+      .def_property_readonly("name", [](const Stage& s) { return s.name; })
+      .def_static("decode", &stages::decode)
+      .def_static(
+          "random_resized_crop",
+          [size](Pair s, std::pair<double, double> scale, std::pair<double, double> ratio) {
+            return stages::random_resized_crop(size(s), scale, ratio);
+          },
+          py::arg("size"), py::arg("scale"), py::arg("ratio"))
+      .def_static("center_crop", [size](Pair s) { return stages::center_crop(size(s)); }, py::arg("size"))
+      .def_static("resize_shorter", &stages::resize_shorter, py::arg("shorter"))
+      .def_static("resize", [size](Pair s) { return stages::resize(size(s)); }, py::arg("size"))
+      .def_static("random_flip", &stages::random_flip, py::arg("p"))
+      .def_static("normalize", &stages::normalize, py::arg("mean"), py::arg("std"), py::arg("chw"));
 
   py::enum_<PipelineOptions::OnError>(m, "OnError")
       .value("RAISE", PipelineOptions::OnError::kRaise)
@@ -29,13 +41,9 @@ void register_pipeline(py::module_& m) {
       .def_readwrite("image_folder", &PipelineOptions::image_folder)
       .def_readwrite("npy", &PipelineOptions::npy)
       .def_readwrite("webdataset", &PipelineOptions::webdataset)
-      .def_readwrite("decode", &PipelineOptions::decode)
-      .def_readwrite("random_resized_crop", &PipelineOptions::random_resized_crop)
-      .def_readwrite("resize_shorter", &PipelineOptions::resize_shorter)
-      .def_readwrite("center_crop", &PipelineOptions::center_crop)
-      .def_readwrite("flip_probability", &PipelineOptions::flip_probability)
-      .def_readwrite("normalize", &PipelineOptions::normalize)
-      .def_readwrite("chw", &PipelineOptions::chw)
+      .def_readwrite("keep", &PipelineOptions::keep)
+      .def_readwrite("stages", &PipelineOptions::stages)
+      .def_readwrite("bytes_per_sample", &PipelineOptions::bytes_per_sample)
       .def_readwrite("on_error", &PipelineOptions::on_error)
       .def_readwrite("max_skip_ratio", &PipelineOptions::max_skip_ratio);
 
@@ -50,7 +58,9 @@ void register_pipeline(py::module_& m) {
              for (std::size_t i = 0; i < l.num_fields(); ++i) out.append(py::make_tuple(l.field(i).dtype, l.field(i).shape));
              return out;
            },
-           "(dtype string, per-sample shape) of the batch's fields: image, label.");
+           "(dtype string, per-sample shape) of the batch's fields: image, label, then byte fields ('|u1', ()).")
+      .def_property_readonly("field_names", &Pipeline::field_names,
+                             "The batch's field names: 'image', 'label', then the byte fields.");
 
   m.def(
       "pipeline_loader",

@@ -31,11 +31,11 @@ from .errors import (
 
 from .limits import RuntimeLimit, ThreadLimitReport, limit_threads
 
-__version__ = "0.1.0"
-
 __all__ = [
     "DataLoader",
     "PipelineLoader",
+    "mix",
+    "Mix",
     "pipeline",
     "ThreadBudget",
     "ThreadPlan",
@@ -57,10 +57,17 @@ def __getattr__(name: str) -> Any:
     # first use, after a limit_threads(n) that wants to run before it.
     import importlib
 
+    if name == "__version__":
+        # One owner: pyproject.toml's version, as pip installed it (the package's metadata).
+        from importlib.metadata import version
+
+        return version("spindle")
     if name == "DataLoader":
         return importlib.import_module(".dataloader", __name__).DataLoader
     if name == "PipelineLoader":
         return importlib.import_module(".pipeline", __name__).PipelineLoader
+    if name in ("mix", "Mix"):
+        return getattr(importlib.import_module("._state.mixing", __name__), name)
     if name in ("ops", "pipeline"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spindle' has no attribute {name!r}")

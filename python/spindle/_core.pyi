@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RandomResizedCrop', 'SampleRows', 'SlotLayout', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -111,6 +111,9 @@ class SlotLayout:
     """
     How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one C-contiguous block [capacity, *shape] per field, 64-byte aligned.
     """
+    MAX_DIMS: typing.ClassVar[int] = 8
+    MAX_FIELDS: typing.ClassVar[int] = 32
+    MAX_STRUCTURE_BYTES: typing.ClassVar[int] = 4096
     @staticmethod
     def dtype_itemsize(dtype: str) -> int:
         ...
@@ -540,26 +543,33 @@ class WebDataset:
     @property
     def shards(self) -> list[str]:
         ...
-class RandomResizedCrop:
-    def __init__(self) -> None:
+class Stage:
+    """
+    One per-sample stage of a native pipeline (see stage.hpp); built by the static methods.
+    """
+    @staticmethod
+    def center_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def decode() -> Stage:
+        ...
+    @staticmethod
+    def normalize(mean: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], std: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], chw: bool) -> Stage:
+        ...
+    @staticmethod
+    def random_flip(p: typing.SupportsFloat | typing.SupportsIndex) -> Stage:
+        ...
+    @staticmethod
+    def random_resized_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex], scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def resize(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
+    def resize_shorter(shorter: typing.SupportsInt | typing.SupportsIndex) -> Stage:
         ...
     @property
-    def ratio(self) -> tuple[float, float]:
-        ...
-    @ratio.setter
-    def ratio(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
-        ...
-    @property
-    def scale(self) -> tuple[float, float]:
-        ...
-    @scale.setter
-    def scale(self, arg0: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> None:
-        ...
-    @property
-    def size(self) -> int:
-        ...
-    @size.setter
-    def size(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def name(self) -> str:
         ...
 class OnError:
     """
@@ -610,25 +620,22 @@ class PipelineOptions:
     """
     What a native pipeline reads and does (see pipeline.hpp).
     """
-    chw: bool
-    decode: bool
     image_folder: str
     npy: str
     on_error: OnError
-    random_resized_crop: RandomResizedCrop | None
     def __init__(self) -> None:
         ...
     @property
-    def center_crop(self) -> int | None:
+    def bytes_per_sample(self) -> int:
         ...
-    @center_crop.setter
-    def center_crop(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+    @bytes_per_sample.setter
+    def bytes_per_sample(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
-    def flip_probability(self) -> float:
+    def keep(self) -> list[str]:
         ...
-    @flip_probability.setter
-    def flip_probability(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    @keep.setter
+    def keep(self, arg0: collections.abc.Sequence[str]) -> None:
         ...
     @property
     def max_skip_ratio(self) -> float:
@@ -637,16 +644,10 @@ class PipelineOptions:
     def max_skip_ratio(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
     @property
-    def normalize(self) -> tuple[typing.Annotated[list[float], "FixedSize(3)"], typing.Annotated[list[float], "FixedSize(3)"]] | None:
+    def stages(self) -> list[Stage]:
         ...
-    @normalize.setter
-    def normalize(self, arg0: tuple[typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"], typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(3)"]] | None) -> None:
-        ...
-    @property
-    def resize_shorter(self) -> int | None:
-        ...
-    @resize_shorter.setter
-    def resize_shorter(self, arg0: typing.SupportsInt | typing.SupportsIndex | None) -> None:
+    @stages.setter
+    def stages(self, arg0: collections.abc.Sequence[Stage]) -> None:
         ...
     @property
     def webdataset(self) -> list[str]:
@@ -661,7 +662,12 @@ class Pipeline:
         ...
     def fields(self) -> list:
         """
-        (dtype string, per-sample shape) of the batch's fields: image, label.
+        (dtype string, per-sample shape) of the batch's fields: image, label, then byte fields ('|u1', ()).
+        """
+    @property
+    def field_names(self) -> list[str]:
+        """
+        The batch's field names: 'image', 'label', then the byte fields.
         """
     @property
     def streaming(self) -> bool:

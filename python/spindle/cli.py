@@ -7,9 +7,19 @@ import json
 import sys
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spindle")
+    except PackageNotFoundError:  # imported from a source tree, not installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs ``spindle <command>``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="spindle", description="spindle's command line tools.")
+    parser.add_argument("--version", action="version", version=f"spindle {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
         "doctor",
@@ -19,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                     "every process of this uid (or PID) with its threads grouped by runtime, with advice.")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--pid", type=int, metavar="PID",
-                        help="only this process (limits and use are then those of its uid and cgroup)")
+                        help="only this process and its spindle workers (limits and use are then those of its "
+                             "uid and cgroup)")
     commands.add_parser(
         "bench", add_help=False,
         help="run loaders (spindle, torch, torchdata, grain, tf.data, SPDL) side by side on identical workloads: "

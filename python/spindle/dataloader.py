@@ -9,6 +9,9 @@ of its batch is alive, so kept batches are never overwritten.
 from __future__ import annotations
 
 import numbers
+import operator
+import pickle
+import sys
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
@@ -18,11 +21,12 @@ from . import _core
 from ._budget.policy import resolve_policy, warn_if_shrunk
 from ._runtime.epoch import EpochIterator
 from ._runtime.forking import forking
-from ._runtime.layout import BatchReader, SlotWriter, collate_local
+from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
-from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, check_state, new_state, torch_imported
-from ._state.sharding import resolve_shard, shard_order
+from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
+from ._state.elastic import load_position, rank_part, resplits_json
+from ._state.sharding import resolve_shard
 
 __all__ = ["DataLoader"]
 
@@ -31,6 +35,52 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} should be an integer >= {minimum}, but got {name}={value!r}")
     return int(value)
+
+
+# The arguments torch's DataLoader also takes are checked as torch checks them: the same
+# exception type and words (torch raises some of these only once iterated; here they are
+# raised at construction).
+def _check_num_workers(value: Any) -> int:
+    if value < 0:  # a str: TypeError from the comparison, as in torch
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    return operator.index(value)  # 2.5: TypeError "'float' object cannot be interpreted as an integer"
+
+
+def _check_batch_size(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:  # torch's BatchSampler
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={value}")
+    return int(value)
+
+
+def _check_prefetch_factor(value: Any) -> int:
+    if value < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    n = operator.index(value)
+    if n == 0:  # torch would hang with no batch in flight; spindle needs one
+        raise ValueError("prefetch_factor should be at least 1 (batches in flight per worker), but got "
+                         "prefetch_factor=0")
+    return n
+
+
+def _check_dataset(dataset: Any) -> None:
+    """Refuses an iterable-style dataset (no ``len()``/``dataset[i]``, or torch's IterableDataset) at
+    construction, naming the loaders that take one."""
+    torch_data = sys.modules.get("torch.utils.data")
+    iterable = torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
+    if iterable or not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(
+            f"spindle.DataLoader needs a map-style dataset (len(dataset) and dataset[i]), but got "
+            f"{type(dataset).__name__}, an iterable-style dataset. For a stream, use spindle.torch.DataLoader "
+            "(torch's interface: each worker iterates its own copy, batches come from the workers in turn) "
+            "or spindle.grain.mp_prefetch for a grain IterDataset.")
+
+
+def _check_timeout(value: Any) -> float:
+    if value < 0:  # a str: TypeError from the comparison, as in torch
+        raise ValueError("timeout option should be non-negative")
+    if value != value:  # NaN
+        raise ValueError(f"timeout should be a number of seconds >= 0, but got timeout={value!r}")
+    return float(value)
 
 
 class DataLoader:
@@ -45,15 +95,17 @@ class DataLoader:
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
         seed: makes shuffling and the random draws reproducible: epoch ``e``
-            shuffles with ``(seed, e)``, and before each sample the worker
+            shuffles with ``(seed, e)``, and before each batch the worker
             seeds ``random``, numpy's global generator (and torch's CPU
-            generator, if torch is imported) from
-            ``(seed, e, sample index)``, so augmentations do not depend on
-            which worker (or how many) loaded a sample, and a resumed loader
-            draws what the uninterrupted one drew. None draws fresh entropy
-            once per loader for the order (0 when sharded: every rank must
-            draw the same order, as DistributedSampler's default seed) and
-            seeds each worker once, not each sample.
+            generator, if torch is imported) from ``(seed, e, the batch's
+            sample indices)``; the batch's samples then draw in order. A batch
+            is made of the same samples whatever the worker count, so
+            augmentations do not depend on which worker (or how many) loaded
+            it, and a resumed loader draws what the uninterrupted one drew.
+            None draws fresh entropy once per loader for the order (0 when
+            sharded: every rank must draw the same order, as
+            DistributedSampler's default seed) and seeds each worker once,
+            not each batch.
         timeout: seconds to wait for one batch before raising
             :class:`~spindle.errors.LoaderTimeoutError`; 0 (or inf) waits forever.
         drop_last: drop the last batch if it is short.
@@ -111,11 +163,11 @@ class DataLoader:
                  persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
                  budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
         self.dataset = dataset
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.num_workers = _check_int("num_workers", num_workers, 0)
-        self.prefetch_factor = _check_int("prefetch_factor", prefetch_factor, 1)
-        if not timeout >= 0:  # also NaN
-            raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
+        _check_dataset(dataset)
+        self.batch_size = _check_batch_size(batch_size)
+        self.num_workers = _check_num_workers(num_workers)
+        self.prefetch_factor = _check_prefetch_factor(prefetch_factor)
+        timeout = _check_timeout(timeout)
         self.max_batch_bytes = _check_int("max_batch_bytes", max_batch_bytes, 1)
         if max_threads is not None:
             max_threads = _check_int("max_threads", max_threads, 0)
@@ -141,6 +193,7 @@ class DataLoader:
             self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
         self._epoch_cell = EpochCell()  # read by persistent workers (their per-sample seeds)
         self._resume_skip = 0  # batches of the next epoch to skip (load_state_dict)
+        self._resplits: tuple = ()  # the next epoch's earlier re-splits (an elastic resume)
         self._position: Optional[Position] = None  # of the last epoch's iterator
 
     def __len__(self) -> int:
@@ -154,25 +207,28 @@ class DataLoader:
         world = self.shard.world_size
         return n // world if self.shard_drop_last else -(-n // world)
 
-    def _epoch_order(self) -> tuple[np.ndarray, int]:
+    def _global_order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
+        """Epoch `epoch`'s order of all samples (every rank draws the same) and the generator it came from."""
+        rng = np.random.default_rng([self._entropy, epoch])
+        return (rng.permutation(len(self.dataset)) if self.shuffle else np.arange(len(self.dataset))), rng
+
+    def _epoch_order(self, resplits: tuple = ()) -> tuple[np.ndarray, int]:
         """This epoch's sample order for this rank (int64, already cut for drop_last) and the workers' base seed."""
-        n = len(self.dataset)
         epoch = self._epoch
         self._epoch += 1
-        rng = np.random.default_rng([self._entropy, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = shard_order(order, self.shard, self.shard_drop_last)
+        order, rng = self._global_order(epoch)
+        order = rank_part(order, resplits, self.shard, self.shard_drop_last)
         if self.drop_last:
             order = order[:len(order) - len(order) % self.batch_size]
         worker_seed = int(rng.integers(0, 2**62))
         return np.ascontiguousarray(order, dtype=np.int64), worker_seed
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, skip = self._epoch, self._resume_skip
-        self._resume_skip = 0
-        order, worker_seed = self._epoch_order()
+        epoch, skip, resplits = self._epoch, self._resume_skip, self._resplits
+        self._resume_skip, self._resplits = 0, ()
+        order, worker_seed = self._epoch_order(resplits)
         order = order[skip * self.batch_size:]  # resuming: the batches already handed out
-        self._position = position = Position(epoch, skip)
+        self._position = position = Position(epoch, skip, resplits)
         return Progress(self._epoch_iterator(order, worker_seed, epoch), position)
 
     def _epoch_iterator(self, order: np.ndarray, worker_seed: int, epoch: int) -> Iterator[Any]:
@@ -197,29 +253,37 @@ class DataLoader:
         after an epoch ended (or before any), at the start of the next epoch."""
         progress = self._position
         if progress is None or progress.finished:
-            epoch, batches = self._epoch, self._resume_skip
+            epoch, batches, resplits = self._epoch, self._resume_skip, self._resplits
         else:
             if not self.in_order and self.num_workers > 0:
                 raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the "
                                  "batches handed out are not a prefix of the epoch, so no position resumes it")
-            epoch, batches = progress.epoch, progress.yielded
-        return new_state("spindle.DataLoader", epoch=epoch, batches=batches, **self._state_settings())
+            epoch, batches, resplits = progress.epoch, progress.yielded, progress.resplits
+        return new_state("spindle.DataLoader", epoch=epoch, batches=batches, resplits=resplits_json(resplits),
+                         **self._state_settings(), **self._shard_setting())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next
-        (any num_workers; the dataset, batch size, shuffle, seed and shard must be the same)."""
-        if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
-            self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
-        check_state(state, "spindle.DataLoader", self._state_settings())
-        self._epoch = int(state["epoch"])
-        self._resume_skip = int(state["batches"])
+        (any num_workers; the dataset, batch size, shuffle and seed must be the same).
+
+        With a shard, `state` may come from another world size or rank (elastic resume,
+        docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
+        of every old rank's state; the rest of the epoch is re-split over this loader's world."""
+        first = state[0] if isinstance(state, (list, tuple)) and state else state
+        if self.seed is None and isinstance(first, dict) and isinstance(first.get("seed"), int):
+            self._entropy = first["seed"]  # no seed of its own: the state's entropy is the order's
+        self._epoch, self._resplits, self._resume_skip = load_position(
+            state, "spindle.DataLoader", self._state_settings(), self.shard, self.shard_drop_last, self.batch_size,
+            lambda epoch: self._global_order(epoch)[0])
         self._position = None
 
     def _state_settings(self) -> dict[str, Any]:
-        shard = None if self.shard is None else [self.shard.rank, self.shard.world_size]
         return dict(seed=self._entropy, samples=len(self.dataset), batch_size=self.batch_size,
-                    shuffle=self.shuffle, drop_last=self.drop_last, shard=shard,
-                    shard_drop_last=self.shard_drop_last)
+                    shuffle=self.shuffle, drop_last=self.drop_last, shard_drop_last=self.shard_drop_last,
+                    **dataset_key(self.dataset))
+
+    def _shard_setting(self) -> dict[str, Any]:
+        return dict(shard=None if self.shard is None else [self.shard.rank, self.shard.world_size])
 
     def _batch_seeds(self, epoch: Any) -> Optional[BatchSeeds]:
         """With a seed, the generators reseeded before each batch from (seed, epoch, its indices), so
@@ -264,6 +328,7 @@ class ArrayBatches:
 
     def __init__(self, capacity: int) -> None:
         self._writer = SlotWriter(capacity)
+        self._reader = BatchReader()
 
     def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
         """The item's samples, written as read where they can be (SlotWriter.read): None if
@@ -271,7 +336,11 @@ class ArrayBatches:
         return self._writer.read(ctx, item, dataset)
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        self._writer.write(ctx, item, samples, indices)
+        columns = self._writer.write(ctx, item, samples, indices)
+        if columns is not None:
+            # More fields (or a larger structure) than a slot's descriptor holds: the same
+            # numpy batch, built here and pickled into the slot (a copy, not zero-copy).
+            ctx.put_bytes(item, pickle.dumps(stacked(columns, self._reader), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _setup_worker(worker_id: int, num_workers: int, *, base_seed: int,

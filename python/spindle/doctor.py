@@ -80,17 +80,30 @@ def cgroup_pids_levels(pid: int | None = None, cgroup_root: str = "/sys/fs/cgrou
     return _core.cgroup_pids_levels(pid, cgroup_root=cgroup_root)
 
 
-def _processes(uid: int) -> tuple[list[int], int]:
-    """(pids of user processes of real uid `uid`, tasks of all processes on the node)."""
-    mine, node_tasks = [], 0
+def _processes(uid: int) -> tuple[dict[int, int], int]:
+    """({pid: ppid} of the user processes of real uid `uid`, tasks of all processes on the node)."""
+    mine, node_tasks = {}, 0
     for pid in _core.process_ids():
         status = _status(pid)
         if status is None:
             continue
         node_tasks += status.threads
         if status.real_uid == uid and _read(f"/proc/{pid}/cmdline"):
-            mine.append(pid)  # an empty cmdline is a kernel thread
+            mine[pid] = status.ppid  # an empty cmdline is a kernel thread
     return mine, node_tasks
+
+
+def _descendants(pid: int, parents: dict[int, int]) -> list[int]:
+    """The processes below `pid` (children, their children...) among `parents` ({pid: ppid})."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for child, parent in parents.items():
+        children[parent].append(child)
+    found, todo = [], list(children.get(pid, ()))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, ()))
+    return sorted(found)
 
 
 def describe_process(pid: int) -> dict[str, Any] | None:
@@ -153,9 +166,12 @@ def collect(pid: int | None = None) -> dict[str, Any]:
     levels = cgroup_pids_levels(pid)
     threads_max = _number(_read("/proc/sys/kernel/threads-max"))
     pid_max = _number(_read("/proc/sys/kernel/pid_max"))
-    pids, node_tasks = _processes(uid)
+    parents, node_tasks = _processes(uid)
+    pids = list(parents)
     if pid is not None:
         pids = [pid]
+        # and its spindle workers (forked, spawned, or forked by a zygote below it)
+        below = _descendants(pid, parents)
 
     headroom: dict[str, int | None] = {
         # None: unlimited, or root (exempt). Not budget.nproc_headroom: for --pid the
@@ -169,6 +185,8 @@ def collect(pid: int | None = None) -> dict[str, Any]:
     binding = min(bounded, key=bounded.get) if bounded else None
 
     processes = [p for p in (describe_process(p) for p in pids) if p is not None]
+    if pid is not None:
+        processes += [w for w in (describe_process(p) for p in below) if w is not None and w["spindle_worker"]]
     processes.sort(key=lambda p: -p["threads"])
     return {
         "limits": {
@@ -183,6 +201,7 @@ def collect(pid: int | None = None) -> dict[str, Any]:
         "leases": _leases(uid),
         "headroom": {**headroom, "min": bounded.get(binding) if binding else None, "binding": binding},
         "processes": processes,
+        "target": pid,
     }
 
 
@@ -239,7 +258,8 @@ def format_text(report: dict[str, Any], *, max_processes: int = 20) -> str:
         lines.append(f"  {label:<25} {note}{mark}")
     procs = report["processes"]
     single = [p for p in procs if p["threads"] == 1]
-    shown = [p for p in procs if p["threads"] > 1][:max_processes]
+    # --pid: the process and its workers, every one shown (the workers are single-threaded)
+    shown = procs if report.get("target") is not None else [p for p in procs if p["threads"] > 1][:max_processes]
     lines.append(f"Processes of uid {use['uid']} ({len(procs)}; threads grouped by runtime, then name prefix)")
     advice: dict[str, str] = {}
     for p in shown:

@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import pickle
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
-import grain
+
+from ._extras import require_extra
+
+require_extra("grain", ("grain",), "spindle.grain")
+
+import grain  # noqa: E402 - after the check that names the extra
 from grain._src.python import data_loader as _grain_data_loader
 from grain._src.python.dataset import base as _grain_base
 from grain._src.python.dataset import dataset as _grain_dataset
@@ -57,6 +63,8 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
 
     The result is a grain IterDataset; its iterators support get_state/set_state."""
     options = options or grain.multiprocessing.MultiprocessingOptions(num_workers=10)
+    operator.index(options.num_workers)  # 2.5: TypeError, as grain's own range() over the workers raises
+    operator.index(options.per_worker_buffer_size)
     if options.num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {options.num_workers}")
     if options.num_workers == 0:
@@ -341,6 +349,9 @@ class DataLoader:
     def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (), worker_count: Optional[int] = 0,
                  worker_buffer_size: int = 1, shard_options: Any = None, read_options: Any = None,
                  enable_profiling: bool = False) -> None:
+        if worker_count is not None:
+            operator.index(worker_count)  # 2.5: TypeError, as grain's own range() over the workers raises
+        operator.index(worker_buffer_size)
         if worker_count and worker_count < 0:
             raise ValueError("Worker count should be greater than or equal zero."
                              f"Current worker_count is {worker_count}.")
@@ -379,10 +390,9 @@ class ArrayElements:
 
     def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
         element = samples[0]
-        if _only_arrays(element):
-            self._writer.write(ctx, item, samples[:1], indices)
-        else:
-            ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
+        if _only_arrays(element) and self._writer.write(ctx, item, samples[:1], indices) is None:
+            return  # in the slot; else more fields than a slot's descriptor holds, or not arrays
+        ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _only_arrays(value: Any) -> bool:

@@ -67,11 +67,17 @@ _ENVIRONMENT: dict[str, tuple[str, ...]] = {
 _THREADPOOLCTL_RUNTIMES = {"openblas": "OpenBLAS", "openmp": "OpenMP", "mkl": "MKL", "blis": "BLIS",
                            "flexiblas": "FlexiBLAS"}
 
+# The states a RuntimeLimit reports:
 CAPPED = "capped"
+"""The runtime's pools now hold at most n threads."""
 AT_START = "capped when it starts"
+"""Not started yet: what was set now (variables, an import hook) caps it when it starts."""
 PARTLY = "partly capped"
+"""Some of its threads have no knob (JAX/XLA: about 11 besides its two sized pools)."""
 RUNNING = "already running"
+"""It started threads before the call that it cannot remove: call limit_threads earlier."""
 NOT_CAPPED = "not capped"
+"""There is nothing to set for it (TBB reads no variable)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +85,15 @@ class RuntimeLimit:
     """What limit_threads did for one runtime."""
 
     runtime: str
-    state: str  # capped | capped when it starts | partly capped | already running | not capped
-    how: str  # the knob, and what it covers
-    threads: int  # threads of this runtime in the process when limit_threads ran
-    advice: str = ""  # for "already running" and "not capped": what to do instead
+    """The runtime's name, e.g. "OpenBLAS", "torch", "JAX/XLA"."""
+    state: str
+    """One of CAPPED, AT_START, PARTLY, RUNNING, NOT_CAPPED (their text: "capped", ...)."""
+    how: str
+    """The knob that was set, and what it covers."""
+    threads: int
+    """Threads of this runtime in the process when limit_threads ran."""
+    advice: str = ""
+    """For "already running" and "not capped": what to do instead."""
 
     def __str__(self) -> str:
         running = f" ({self.threads} threads exist)" if self.threads else ""
@@ -95,9 +106,13 @@ class ThreadLimitReport:
     """What ``limit_threads(n)`` capped, per runtime, and what it could not."""
 
     n: int
+    """The n limit_threads was called with."""
     runtimes: tuple[RuntimeLimit, ...]
-    environment: dict[str, str]  # variables in effect after the call
-    threads_before: int  # threads of the process when limit_threads ran
+    """One RuntimeLimit per runtime (``report["torch"]`` finds one by name)."""
+    environment: dict[str, str]
+    """The thread variables in effect after the call."""
+    threads_before: int
+    """Threads of the process when limit_threads ran."""
 
     def __getitem__(self, runtime: str) -> RuntimeLimit:
         for r in self.runtimes:

@@ -13,13 +13,20 @@ No Python runs per sample: the workers are forked processes running C++
 one arena in this process (``mode="threads"``, no fork), within the same
 thread budget, giving the same batches bit for bit. Every random draw comes
 from (seed, epoch, sample index), so batches do not depend on the worker count
-or the mode. The ops run in a fixed order (decode, crop, resize, flip,
-normalize) whatever order the builder calls come in; see docs/native.md.
+or the mode. The stages run in the order the builder calls come in (checked when
+the loader is made: a crop needs decode() before it, ...); see docs/native.md.
+
+WebDataset members kept as byte fields (captions, JSON) come as one ``bytes``
+per sample: ``webdataset(shards, keep=("txt",))`` gives ``b["txt"]`` a list of
+``bytes``; ``PipelineLoader(..., byte_fields="arrays")`` gives the zero-copy
+``(values, offsets)`` numpy pair instead (row i is
+``values[offsets[i]:offsets[i + 1]]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from typing import Any, Iterator, Optional, Sequence
@@ -29,8 +36,9 @@ import numpy as np
 from . import _core
 from ._runtime.epoch import EpochIterator
 from ._runtime.forking import forking
-from ._state.checkpoint import Position, Progress, check_state, new_state
-from ._state.sharding import resolve_shard, shard_list, shard_order
+from ._state.checkpoint import Position, Progress, new_state
+from ._state.elastic import load_position, rank_part, resplits_json, stream_resume_check
+from ._state.sharding import resolve_shard, shard_list
 from .errors import DataError, DecodeError, InternalError, SpindleError
 
 __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
@@ -38,51 +46,125 @@ __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
 _FORMAT = "spindle.Loader"
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _count(value: Any, what: str, minimum: int = 1) -> int:
+    """An int >= minimum, or TypeError / ValueError naming `what` and the value."""
+    if not _is_int(value):
+        raise TypeError(f"{what} must be an int, not {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def _size(value: Any, what: str) -> tuple[int, int]:
+    """An output size: an int (square) or (height, width) of ints >= 1."""
+    if _is_int(value):
+        side = _count(value, what)
+        return side, side
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return _count(value[0], f"{what}[0] (height)"), _count(value[1], f"{what}[1] (width)")
+    raise TypeError(f"{what} must be an int or a (height, width) pair of ints, not {value!r}")
+
+
+def _real(value: Any, what: str, lo: float, hi: float) -> float:
+    if not _is_real(value):
+        raise TypeError(f"{what} must be a number, not {value!r} ({type(value).__name__})")
+    if not lo <= float(value) <= hi:
+        raise ValueError(f"{what} must be in [{lo}, {hi}], not {value!r}")
+    return float(value)
+
+
+def _interval(value: Any, what: str, hi: float) -> tuple[float, float]:
+    """(lo, hi) with 0 < lo <= hi <= `hi`."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value)):
+        raise TypeError(f"{what} must be a (min, max) pair of numbers, not {value!r}")
+    lo_, hi_ = float(value[0]), float(value[1])
+    if not 0 < lo_ <= hi_ <= hi:
+        raise ValueError(f"{what} must satisfy 0 < min <= max{' <= ' + str(hi) if hi != float('inf') else ''}, "
+                         f"not {value!r}")
+    return lo_, hi_
+
+
+def _triple(value: Any, what: str, positive: bool) -> tuple[float, float, float]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3 or not all(
+            _is_real(v) for v in value):
+        raise TypeError(f"{what} must be 3 numbers (R, G, B), not {value!r}")
+    out = tuple(float(v) for v in value)
+    if not all(np.isfinite(out)) or (positive and not all(v > 0 for v in out)):
+        raise ValueError(f"{what} must be {'positive and ' if positive else ''}finite, not {value!r}")
+    return out  # type: ignore[return-value]
+
+
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
-    """A native pipeline: a source and its ops. Build it with :func:`image_folder`
-    or :func:`arrays` and the methods below; each returns a new Pipeline."""
+    """A native pipeline: a source, then per-sample stages in the order they are called, then
+    batching. Build it with :func:`image_folder`, :func:`webdataset` or :func:`arrays` and the
+    methods below; each checks its arguments (TypeError / ValueError at the call) and returns a new
+    Pipeline. The order of the stages is checked when a PipelineLoader is made (e.g. a crop needs
+    decode() before it; normalize() is the last stage that touches the image). The fields record
+    what the methods set; read them, do not set them."""
 
     source: tuple[str, Any]  # ("image_folder", root), ("npy", path) or ("webdataset", [shards])
-    decoded: bool = False
-    rrc: Optional[tuple[int, tuple[float, float], tuple[float, float]]] = None
-    shorter: Optional[int] = None
-    center: Optional[int] = None
-    flip: float = 0.0
-    norm: Optional[tuple[tuple[float, ...], tuple[float, ...], bool]] = None
+    """What :func:`image_folder`, :func:`webdataset` or :func:`arrays` was given."""
+    stages: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """The stages in call order: (name of a ``_core.Stage`` factory, its checked arguments)."""
+    keep: tuple[str, ...] = ()
+    """:func:`webdataset`'s kept members (byte fields)."""
     errors: tuple[str, float] = ("raise", 0.05)
+    """:meth:`on_error`'s (policy, max_ratio)."""
     batch_size: int = 1
+    """:meth:`batch`'s samples per batch."""
     drop_last: bool = False
+    """:meth:`batch`'s drop_last."""
+    bytes_per_sample: int = 4096
+    """:meth:`batch`'s room per sample for each byte field."""
+
+    def _then(self, name: str, *args: Any) -> "Pipeline":
+        return dataclasses.replace(self, stages=self.stages + ((name, args),))
 
     def decode(self) -> "Pipeline":
-        """Decodes JPEG/PNG files to RGB uint8 (fused with the crop that follows)."""
-        return dataclasses.replace(self, decoded=True)
+        """Decodes JPEG/PNG files to RGB uint8 (fused with a random_resized_crop or center_crop
+        that directly follows it)."""
+        return self._then("decode")
 
-    def random_resized_crop(self, size: int, scale: tuple[float, float] = (0.08, 1.0),
+    def random_resized_crop(self, size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
                             ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> "Pipeline":
         """torchvision's RandomResizedCrop: a random area fraction in `scale` and aspect in
-        `ratio` (log-uniform), 10 tries then a center crop, resized to size x size."""
-        return dataclasses.replace(self, rrc=(int(size), tuple(map(float, scale)), tuple(map(float, ratio))))
+        `ratio` (log-uniform), 10 tries then a center crop, resized to `size` (int: square, or
+        (height, width))."""
+        return self._then("random_resized_crop", _size(size, "random_resized_crop size"),
+                          _interval(scale, "random_resized_crop scale", 1.0),
+                          _interval(ratio, "random_resized_crop ratio", float("inf")))
 
-    def resize(self, shorter: int) -> "Pipeline":
-        """torchvision's Resize(int): the shorter side to `shorter`, keeping the aspect (antialiased)."""
-        return dataclasses.replace(self, shorter=int(shorter))
+    def resize(self, size: int | tuple[int, int]) -> "Pipeline":
+        """torchvision's Resize: an int sets the shorter side, keeping the aspect; (height, width)
+        resizes to exactly that (antialiased bilinear, PIL's)."""
+        if _is_int(size):
+            return self._then("resize_shorter", _count(size, "resize size"))
+        return self._then("resize", _size(size, "resize size"))
 
-    def center_crop(self, size: int) -> "Pipeline":
-        """torchvision's CenterCrop(size)."""
-        return dataclasses.replace(self, center=int(size))
+    def center_crop(self, size: int | tuple[int, int]) -> "Pipeline":
+        """torchvision's CenterCrop(size) (int: square, or (height, width))."""
+        return self._then("center_crop", _size(size, "center_crop size"))
 
     def random_flip(self, p: float = 0.5) -> "Pipeline":
         """Horizontal flip with probability p."""
-        return dataclasses.replace(self, flip=float(p))
+        return self._then("random_flip", _real(p, "random_flip p", 0.0, 1.0))
 
     def normalize(self, mean: Sequence[float], std: Sequence[float], layout: str = "HWC") -> "Pipeline":
-        """float32 (x / 255 - mean) / std per channel; layout "HWC" or "CHW"."""
+        """float32 (x / 255 - mean) / std per channel; layout "HWC" or "CHW". The last stage that
+        touches the image."""
         if layout not in ("HWC", "CHW"):
             raise ValueError(f"layout must be 'HWC' or 'CHW', not {layout!r}")
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError("normalize needs 3 means and 3 stds (RGB)")
-        return dataclasses.replace(self, norm=(tuple(map(float, mean)), tuple(map(float, std)), layout == "CHW"))
+        return self._then("normalize", _triple(mean, "normalize mean", False), _triple(std, "normalize std", True),
+                          layout == "CHW")
 
     def on_error(self, policy: str = "raise", max_ratio: float = 0.05) -> "Pipeline":
         """'raise' (default): a bad file fails its batch, naming the file and the decoder's message.
@@ -91,13 +173,16 @@ class Pipeline:
         the end of each epoch)."""
         if policy not in ("raise", "skip"):
             raise ValueError(f"on_error policy must be 'raise' or 'skip', not {policy!r}")
-        return dataclasses.replace(self, errors=(policy, float(max_ratio)))
+        return dataclasses.replace(self, errors=(policy, _real(max_ratio, "on_error max_ratio", 0.0, 1.0)))
 
-    def batch(self, batch_size: int, drop_last: bool = False) -> "Pipeline":
-        """Samples per batch."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size should be >= 1, got {batch_size}")
-        return dataclasses.replace(self, batch_size=int(batch_size), drop_last=bool(drop_last))
+    def batch(self, batch_size: int, drop_last: bool = False, *, bytes_per_sample: int = 4096) -> "Pipeline":
+        """Samples per batch; with `drop_last`, an epoch's short last batch is dropped. `bytes_per_sample`: room for each byte field (a kept WebDataset
+        member) in a batch's slot, bytes_per_sample x batch_size in all; a batch whose captions
+        take more fails naming the sample and the value that fits (nothing is cut)."""
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise TypeError(f"drop_last must be a bool, not {drop_last!r}")
+        return dataclasses.replace(self, batch_size=_count(batch_size, "batch_size"), drop_last=bool(drop_last),
+                                   bytes_per_sample=_count(bytes_per_sample, "bytes_per_sample"))
 
     def options(self) -> _core.PipelineOptions:
         """The runtime's PipelineOptions for this pipeline."""
@@ -109,41 +194,62 @@ class Pipeline:
             o.webdataset = list(where)
         else:
             o.npy = where
-        o.decode = self.decoded
-        if self.rrc is not None:
-            crop = _core.RandomResizedCrop()
-            crop.size, crop.scale, crop.ratio = self.rrc
-            o.random_resized_crop = crop
-        o.resize_shorter = self.shorter
-        o.center_crop = self.center
-        o.flip_probability = self.flip
-        if self.norm is not None:
-            mean, std, chw = self.norm
-            o.normalize = (list(mean), list(std))
-            o.chw = chw
+        o.keep = list(self.keep)
+        o.stages = [getattr(_core.Stage, name)(*args) for name, args in self.stages]
+        o.bytes_per_sample = self.bytes_per_sample
         o.on_error = _core.OnError.SKIP if self.errors[0] == "skip" else _core.OnError.RAISE
         o.max_skip_ratio = self.errors[1]
         return o
 
 
+def _path(value: Any, what: str) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (str or os.PathLike), not {value!r} ({type(value).__name__})")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what} must be a non-empty str path, not {value!r}")
+    return path
+
+
 def image_folder(root: str | os.PathLike) -> Pipeline:
     """Images in ImageNet layout: root/<class>/<file>.{jpg,jpeg,png}; the label is the class's
     index among the sorted class folders (torchvision's ImageFolder rule)."""
-    return Pipeline(("image_folder", os.fspath(root)))
+    return Pipeline(("image_folder", _path(root, "image_folder root")))
 
 
-def webdataset(shards: Sequence[str | os.PathLike]) -> Pipeline:
+def webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike],
+               keep: str | Sequence[str] = ()) -> Pipeline:
     """WebDataset tar shards, streamed (never extracted): members grouped by key; the image is the
     sample's jpg/jpeg/png, the label its cls (or json "label"). Worker w reads shards w, w + N, ...
-    (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do."""
+    (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do.
+
+    `keep` names members passed through as byte fields: ``webdataset(shards, keep=("txt", "json"))``
+    gives ``b["txt"]`` and ``b["json"]``, one ``bytes`` per sample (or ``(values, offsets)`` arrays:
+    PipelineLoader's ``byte_fields="arrays"``). A sample without a kept member fails naming its
+    shard and key (with on_error("skip"): dropped and counted)."""
     if isinstance(shards, (str, os.PathLike)):
         shards = [shards]
-    return Pipeline(("webdataset", tuple(os.fspath(s) for s in shards)))
+    if isinstance(shards, (bytes, dict)) or not isinstance(shards, Sequence):
+        raise TypeError(f"webdataset shards must be a path or a sequence of paths, not {shards!r}")
+    paths = tuple(_path(s, "a webdataset shard") for s in shards)
+    if not paths:
+        raise ValueError("webdataset needs at least one shard")
+    if isinstance(keep, str):
+        keep = (keep,)
+    if not isinstance(keep, Sequence) or not all(isinstance(k, str) for k in keep):
+        raise TypeError(f"keep must be member names (str), e.g. ('txt', 'json'), not {keep!r}")
+    for k in keep:
+        if not k or k.startswith(".") or k in ("jpg", "jpeg", "png", "image", "label"):
+            raise ValueError(f"keep={k!r}: name members other than the image and label, without a dot "
+                             "(e.g. 'txt', 'json')")
+    if len(set(keep)) != len(keep):
+        raise ValueError(f"keep names a member twice: {tuple(keep)!r}")
+    return Pipeline(("webdataset", paths), keep=tuple(keep))
 
 
 def arrays(path: str | os.PathLike) -> Pipeline:
     """uint8 images [N, H, W, 3] in a .npy file, memory-mapped (labels are -1)."""
-    return Pipeline(("npy", os.fspath(path)))
+    return Pipeline(("npy", _path(path, "arrays path")))
 
 
 class PipelineLoader:
@@ -166,6 +272,11 @@ class PipelineLoader:
         shard_drop_last: with a shard, cut the order's tail to divide by world_size instead of
             padding it (DistributedSampler's drop_last).
 
+        byte_fields: how byte fields (``webdataset(keep=...)``) come: ``"list"`` (default), a
+            list of ``bytes`` per batch; or ``"arrays"``, a ``(values, offsets)`` pair of numpy
+            arrays viewing the slot (uint8 [total bytes], uint64 [batch + 1]; sample i is
+            ``values[offsets[i]:offsets[i + 1]]``), no copy.
+
     ``state_dict()`` / ``load_state_dict()`` checkpoint the position (small, JSON-able); a
     resumed image-folder or array loader yields exactly the batches the saved one would have
     yielded next, with any num_workers and either mode (a WebDataset stream: the same
@@ -178,11 +289,21 @@ class PipelineLoader:
     def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
                  seed: Optional[int] = None, mode: str = "threads", timeout: float = 0,
                  prefetch_factor: int = 2, max_threads: Optional[int] = None, shard: Any = None,
-                 shard_drop_last: bool = False) -> None:
+                 shard_drop_last: bool = False, byte_fields: str = "list") -> None:
+        if not isinstance(pipeline, Pipeline):
+            raise TypeError(f"pipeline must be a spindle.pipeline.Pipeline, not {type(pipeline).__name__}")
+        if byte_fields not in ("list", "arrays"):
+            raise ValueError(f"byte_fields must be 'list' or 'arrays', not {byte_fields!r}")
         if mode not in ("processes", "threads"):
             raise ValueError(f"mode must be 'processes' or 'threads', not {mode!r}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers should be >= 1, got {num_workers}")
+        _count(num_workers, "num_workers")
+        _count(prefetch_factor, "prefetch_factor")
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise TypeError(f"shuffle must be a bool, not {shuffle!r}")
+        if seed is not None and not _is_int(seed):
+            raise TypeError(f"seed must be an int or None, not {seed!r}")
+        if not _is_real(timeout):
+            raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
         if not timeout >= 0:
             raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
         self.pipeline = pipeline
@@ -198,13 +319,16 @@ class PipelineLoader:
         if self.shard is not None and pipeline.source[0] == "webdataset":
             pipeline = dataclasses.replace(
                 pipeline, source=("webdataset", tuple(shard_list(list(pipeline.source[1]), self.shard, "shard files"))))
+        self.byte_fields = byte_fields
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
+        self._names = list(self._native.field_names)
         self._epoch = 0
         if seed is not None:
             self._entropy = int(seed)
         else:  # sharded: every rank must draw the same order (DistributedSampler's default seed is 0 too)
             self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
         self._resume_skip = 0
+        self._resplits: tuple = ()  # the next epoch's earlier re-splits (an elastic resume)
         self._position: Optional[Position] = None
 
     def __len__(self) -> int:
@@ -221,47 +345,58 @@ class PipelineLoader:
         self._epoch = int(epoch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        epoch, skip = self._epoch, self._resume_skip
+        epoch, skip, resplits = self._epoch, self._resume_skip, self._resplits
         self._epoch += 1
-        self._resume_skip = 0
-        self._position = position = Position(epoch, skip)
-        return Progress(self._epoch_iterator(epoch, skip), position)
+        self._resume_skip, self._resplits = 0, ()
+        self._position = position = Position(epoch, skip, resplits)
+        return Progress(self._epoch_iterator(epoch, skip, resplits), position)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned)."""
         position = self._position
         if position is None or position.finished:
-            epoch, batches = self._epoch, self._resume_skip
+            epoch, batches, resplits = self._epoch, self._resume_skip, self._resplits
         else:
-            epoch, batches = position.epoch, position.yielded
+            epoch, batches, resplits = position.epoch, position.yielded, position.resplits
         # The checkpoint's format name is the one states were saved under (before the class was
         # renamed PipelineLoader): saved states keep loading.
-        return new_state(_FORMAT, epoch=epoch, batches=batches, **self._state_settings())
+        return new_state(_FORMAT, epoch=epoch, batches=batches, resplits=resplits_json(resplits),
+                         shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
+                         **self._state_settings())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next."""
-        if self.seed is None and isinstance(state, dict) and isinstance(state.get("seed"), int):
-            self._entropy = state["seed"]  # no seed of its own: the state's entropy is the order's
-        check_state(state, _FORMAT, self._state_settings())
-        self._epoch = int(state["epoch"])
-        self._resume_skip = int(state["batches"])
+    def load_state_dict(self, state: Any) -> None:
+        """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next.
+
+        With a shard, `state` may come from another world size or rank (elastic resume,
+        docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
+        of every old rank's state. A WebDataset stream resumes mid-epoch at its own world size only."""
+        first = state[0] if isinstance(state, (list, tuple)) and state else state
+        if self.seed is None and isinstance(first, dict) and isinstance(first.get("seed"), int):
+            self._entropy = first["seed"]  # no seed of its own: the state's entropy is the order's
+        if self._native.streaming:
+            stream_resume_check(state, _FORMAT, self.shard)
+        self._epoch, self._resplits, self._resume_skip = load_position(
+            state, _FORMAT, self._state_settings(), self.shard, self.shard_drop_last, self.pipeline.batch_size,
+            self._global_order)
         self._position = None
+
+    def _global_order(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s order of all samples (every rank draws the same)."""
+        n = len(self._native)
+        rng = np.random.default_rng([self._entropy, epoch])
+        return rng.permutation(n) if self.shuffle else np.arange(n)
 
     def _state_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = dict(
             seed=self._entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
             samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
-            shuffle=self.shuffle, shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
-            shard_drop_last=self.shard_drop_last)
+            shuffle=self.shuffle, shard_drop_last=self.shard_drop_last)
         if self._native.streaming:  # a stream's batch order depends on the worker count
             settings["num_workers"] = self.num_workers
         return settings
 
-    def _epoch_iterator(self, epoch: int, skip: int) -> Iterator[dict[str, np.ndarray]]:
-        n = len(self._native)
-        rng = np.random.default_rng([self._entropy, epoch])
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = shard_order(order, self.shard, self.shard_drop_last)
+    def _epoch_iterator(self, epoch: int, skip: int, resplits: tuple) -> Iterator[dict[str, np.ndarray]]:
+        order = rank_part(self._global_order(epoch), resplits, self.shard, self.shard_drop_last)
         if not self._native.streaming:
             order = order[skip * self.pipeline.batch_size:]  # resuming: the batches already handed out
         order = np.ascontiguousarray(order, dtype=np.int64)
@@ -277,7 +412,8 @@ class PipelineLoader:
         else:
             with forking():
                 runtime = _core.pipeline_loader(**kwargs)
-        it = _SkipWarnings(EpochIterator(runtime, _decode_fields, owns=True, reraise=_native_error))
+        decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
+        it = _SkipWarnings(EpochIterator(runtime, decode, owns=True, reraise=_native_error))
         if self._native.streaming:
             # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
             # comes from worker k mod N, so with the same num_workers they are the same batches).
@@ -304,11 +440,18 @@ def _native_error(failed: Any) -> BaseException:
     return SpindleError(message + where)
 
 
-def _decode_fields(lease: Any) -> dict[str, Any]:
-    image, label = lease.arrays()
-    batch = {"image": image, "label": label}
-    if lease.skipped:  # the batch's own count; its structure bytes hold the first reason
-        batch["_skipped"] = (lease.skipped, lease.structure.decode(errors="replace"))
+def _decode_fields(lease: Any, names: list[str], as_arrays: bool) -> dict[str, Any]:
+    fields = lease.arrays()
+    batch: dict[str, Any] = {"image": fields[0], "label": fields[1]}
+    for name, field in zip(names[2:], fields[2:]):  # byte fields: (values, offsets) over the slot
+        if as_arrays:
+            batch[name] = field
+        else:
+            values, offsets = field
+            flat, ends = values.tobytes(), offsets.tolist()
+            batch[name] = [flat[ends[i]:ends[i + 1]] for i in range(len(ends) - 1)]
+    if lease.skipped:  # the batch's own count; its structure bytes the first few reasons, one a line
+        batch["_skipped"] = (lease.skipped, lease.structure.decode(errors="replace").split("\n"))
     return batch
 
 
@@ -332,7 +475,8 @@ class _SkipWarnings:
         batch = self._it.__next__()  # raises SkipRatioError itself (LoaderOptions::max_skip_ratio)
         skipped = batch.pop("_skipped", None)
         if skipped:
-            count, reason = skipped
-            warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: {reason}", RuntimeWarning,
-                          stacklevel=2)
+            count, reasons = skipped
+            more = f"; and {count - len(reasons)} more" if count > len(reasons) else ""
+            warnings.warn(f"spindle: skipped {count} unreadable sample(s) in a batch: " + "; ".join(reasons) + more,
+                          RuntimeWarning, stacklevel=2)
         return batch

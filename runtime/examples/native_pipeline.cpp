@@ -66,18 +66,18 @@ std::vector<std::pair<std::vector<float>, std::vector<int64_t>>> run(spindle::Lo
 int main(int argc, char** argv) {
   spindle::PipelineOptions o;
   std::string npy;
+  namespace stages = spindle::stages;
   if (argc > 1) {
     o.image_folder = argv[1];
-    o.decode = true;
+    o.stages.push_back(stages::decode());
   } else {
     npy = write_npy(64, 96, 128);
     if (npy.empty()) return 2;
     o.npy = npy;
   }
-  o.random_resized_crop = spindle::PipelineOptions::RandomResizedCrop{64};
-  o.flip_probability = 0.5;
-  o.normalize = {{{0.485f, 0.456f, 0.406f}}, {{0.229f, 0.224f, 0.225f}}};
-  o.chw = true;
+  o.stages.push_back(stages::random_resized_crop({64, 64}));
+  o.stages.push_back(stages::random_flip(0.5));
+  o.stages.push_back(stages::normalize({0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}, /*chw=*/true));
   auto pipe = std::make_shared<const spindle::Pipeline>(o);
 
   std::vector<int64_t> order(pipe->size());

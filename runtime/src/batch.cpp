@@ -28,6 +28,9 @@ void Batch::check_field(std::size_t i, std::size_t item) const {
   if (kind() != PayloadKind::kArrays || i >= layout().num_fields())
     SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(batch_id_) + " has no array field " +
                                              std::to_string(i));
+  if (layout().is_bytes(i))
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " of batch " +
+                                             std::to_string(batch_id_) + " holds byte strings: read it with bytes(i)");
   if (layout().itemsize(i) != item)
     SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " holds '" +
                                              layout().field(i).dtype + "' items of " +

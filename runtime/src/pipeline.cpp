@@ -43,8 +43,6 @@ class PipelineSource {
 class FolderSource final : public PipelineSource {
  public:
   explicit FolderSource(const PipelineOptions& o) : folder_(o.image_folder) {
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: an image folder holds encoded files: add decode() after it");
   }
   std::size_t size() const noexcept override { return folder_.size(); }
   void read(int64_t index, SourceSample& out) const override {
@@ -60,11 +58,10 @@ class FolderSource final : public PipelineSource {
 
 class ArraysSource final : public PipelineSource {
  public:
-  explicit ArraysSource(const PipelineOptions& o) : arrays_(ArraySource::from_npy(o.npy)) {
+  explicit ArraysSource(const PipelineOptions& o) : arrays_(ArraySource::from_npy(o.npy)), npy_(o.npy) {
     if (arrays_.dtype() != "|u1")
       SPINDLE_THROW(std::invalid_argument, "spindle: " + o.npy + " holds " + arrays_.dtype() +
                                                "; the image pipeline reads uint8 images [N, H, W, 3]");
-    if (o.decode) SPINDLE_THROW(std::invalid_argument, "spindle: arrays are already decoded: drop decode()");
   }
   std::size_t size() const noexcept override { return arrays_.size(); }
   std::optional<std::pair<int, int>> fixed_size() const override {
@@ -82,17 +79,17 @@ class ArraysSource final : public PipelineSource {
                               reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
     out.is_decoded = true;
     out.label = -1;
+    out.id = SampleId{"sample " + std::to_string(index) + " (" + npy_ + ")", npy_, ""};
   }
 
  private:
   ArraySource arrays_;
+  std::string npy_;
 };
 
 class WebDatasetSource final : public PipelineSource {
  public:
   explicit WebDatasetSource(const PipelineOptions& o) : wds_(o.webdataset) {
-    if (!o.decode)
-      SPINDLE_THROW(std::invalid_argument, "spindle: WebDataset shards hold encoded images: add decode() after them");
   }
   std::size_t size() const noexcept override { return 0; }
   const WebDataset* stream() const noexcept override { return &wds_; }
@@ -110,53 +107,110 @@ std::unique_ptr<PipelineSource> make_source(const PipelineOptions& o) {
   return std::make_unique<ArraysSource>(o);
 }
 
+// One step of a pipeline's plan: a stage, or a built-in fused with the
+// decode before it (the same bytes as running them one by one).
+struct Step {
+  enum class Op { kRun, kDecode, kDecodeCenterCrop, kDecodeResizedCrop, kNormalize } op = Op::kRun;
+  std::size_t stage = 0;                 // the (first) stage it runs
+  const Stage* crop = nullptr;           // kDecodeCenterCrop, kDecodeResizedCrop
+  const Stage* flip = nullptr;           // kDecodeResizedCrop: the random_flip fused into it
+  bool direct = false;                   // kDecodeResizedCrop: writes straight into the slot's row
+  std::optional<ops::Size> size;         // the image's size after it, if fixed
+};
+
+// How a pipeline runs its stages (plan_stages).
+struct Plan {
+  std::vector<Step> plan;
+  const Stage* normalize = nullptr;      // the final normalize, done as the row is written
+  int out_h = 0, out_w = 0;              // the image field's height and width
+  std::vector<std::string> byte_fields;  // keep, then the stages' adds_bytes
+};
+
 }  // namespace
 
-struct Pipeline::Impl {
+struct Pipeline::Impl : Plan {
   std::unique_ptr<PipelineSource> source;
-  int out_h = 0, out_w = 0;  // the image field's height and width
+  std::vector<std::string> names;  // image, label, byte fields
 };
 
 namespace {
 
-// The output size the ops produce, known without reading a sample: the crop's
-// size, else (for arrays without ops) the source's fixed size.
-std::pair<int, int> output_size(const PipelineOptions& o, const PipelineSource& source) {
-  if (o.random_resized_crop) return {o.random_resized_crop->size, o.random_resized_crop->size};
-  if (o.center_crop) return {*o.center_crop, *o.center_crop};
-  if (!o.resize_shorter)
-    if (auto size = source.fixed_size()) return *size;
-  SPINDLE_THROW(std::invalid_argument,
-                "spindle: a pipeline's images must all come out the same size to be batched: add "
-                "random_resized_crop(size) or center_crop(size) after decode (or resize_shorter + center_crop)");
+std::string stage_name(const std::vector<Stage>& stages, std::size_t i) {
+  return "stage " + std::to_string(i) + " (" + stages[i].name + ")";
 }
 
-// Decoded image (possibly cropped in the decoder) for one sample without a
-// random-resized crop (that one is fused further: Pipeline::produce_encoded).
-void decode_sample(const PipelineOptions& o, std::span<const std::byte> bytes, ops::Image& img) {
-  if (o.center_crop && !o.resize_shorter) {
-    const ops::ImageInfo info = ops::probe(bytes);
-    const int s = *o.center_crop;
-    ops::decode(bytes, ops::center_crop_box(info.height, info.width, ops::Size{s, s}), std::nullopt, img);
-    return;
+// Checks the stages in order against what the image is at each (encoded,
+// pixels, normalized) and its size, and plans their run: which built-ins fuse
+// with the decode before them, where normalize is. Throws
+// std::invalid_argument naming the stage and what to change.
+void plan_stages(const PipelineOptions& o, const PipelineSource& source, Plan& impl) {
+  const std::vector<Stage>& st = o.stages;
+  const bool arrays = !o.npy.empty();
+  enum class State { kEncoded, kPixels, kNormalized } state = arrays ? State::kPixels : State::kEncoded;
+  std::optional<ops::Size> size;
+  if (arrays)
+    if (auto s = source.fixed_size()) size = ops::Size{s->first, s->second};
+  for (std::size_t i = 0; i < st.size(); ++i) {
+    const Stage& s = st[i];
+    if (!s.run && s.kind == Stage::Kind::kPlain)
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + stage_name(st, i) + " has no function");
+    if (s.needs == Stage::Needs::kEncoded && state != State::kEncoded)
+      SPINDLE_THROW(std::invalid_argument,
+                    arrays ? "spindle: arrays are already decoded: drop decode() (" + stage_name(st, i) + ")"
+                           : "spindle: " + stage_name(st, i) + " needs encoded bytes, but an earlier decode() "
+                                                               "decoded them: decode once");
+    if (s.needs == Stage::Needs::kPixels && state == State::kEncoded)
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + stage_name(st, i) +
+                                               " needs decoded pixels: add decode() before it");
+    if (s.needs == Stage::Needs::kPixels && state == State::kNormalized)
+      SPINDLE_THROW(std::invalid_argument, "spindle: " + stage_name(st, i) +
+                                               " comes after normalize(), which must be the last stage that touches "
+                                               "the image: move it before normalize()");
+    Step step;
+    step.stage = i;
+    if (s.kind == Stage::Kind::kDecode) {
+      step.op = Step::Op::kDecode;
+      const Stage* next = i + 1 < st.size() ? &st[i + 1] : nullptr;
+      if (next && next->kind == Stage::Kind::kRandomResizedCrop) {
+        step.op = Step::Op::kDecodeResizedCrop;
+        step.crop = next;
+        ++i;
+        if (i + 1 < st.size() && st[i + 1].kind == Stage::Kind::kFlip) step.flip = &st[++i];
+      } else if (next && next->kind == Stage::Kind::kCenterCrop) {
+        step.op = Step::Op::kDecodeCenterCrop;
+        step.crop = next;
+        ++i;
+      }
+      state = State::kPixels;
+      size = step.crop ? std::optional<ops::Size>(step.crop->fused.size) : std::nullopt;
+    } else if (s.kind == Stage::Kind::kNormalize) {
+      step.op = Step::Op::kNormalize;
+      state = State::kNormalized;
+      impl.normalize = &s;
+    } else if (s.size_after) {
+      size = s.size_after(size);
+    }
+    step.size = size;
+    impl.plan.push_back(step);
+    for (const std::string& name : s.adds_bytes) impl.byte_fields.push_back(name);
   }
-  ops::decode(bytes, std::nullopt, std::nullopt, img);
+  if (state == State::kEncoded)
+    SPINDLE_THROW(std::invalid_argument, "spindle: " + std::string(o.webdataset.empty() ? "an image folder" : "WebDataset shards") +
+                                             " hold encoded images: add decode() after the source");
+  if (!size)
+    SPINDLE_THROW(std::invalid_argument,
+                  "spindle: a pipeline's images must all come out the same size to be batched: end with "
+                  "random_resized_crop(size), center_crop(size) or resize((h, w)) (after decode)");
+  impl.out_h = size->height;
+  impl.out_w = size->width;
+  // A fused crop writes straight into the slot when nothing after it touches the pixels.
+  if (!impl.plan.empty() && impl.plan.back().op == Step::Op::kDecodeResizedCrop) impl.plan.back().direct = true;
 }
 
-// Resize so the shorter side is `shorter` (torchvision Resize(int)).
-void resize_shorter(ops::Image& img, int shorter) {
-  const int h = img.height, w = img.width;
-  const ops::Size size = h <= w ? ops::Size{shorter, std::max(1, static_cast<int>(int64_t{w} * shorter / h))}
-                                : ops::Size{std::max(1, static_cast<int>(int64_t{h} * shorter / w)), shorter};
-  ops::Image out;
-  ops::resize(img, size, out);
-  img = std::move(out);
-}
+std::string size_text(int h, int w) { return std::to_string(h) + "x" + std::to_string(w); }
 
-void center_crop(ops::Image& img, int size) {
-  ops::Image out;
-  ops::crop(img, ops::center_crop_box(img.height, img.width, ops::Size{size, size}), out);
-  img = std::move(out);
+DecodeError decode_error(const SampleId& id, const std::exception& e) {
+  return DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
 }
 
 }  // namespace
@@ -166,14 +220,22 @@ Pipeline::Pipeline(PipelineOptions options) : options_(std::move(options)), impl
   if (int(!o.image_folder.empty()) + int(!o.npy.empty()) + int(!o.webdataset.empty()) != 1)
     SPINDLE_THROW(std::invalid_argument,
                   "spindle: a pipeline needs exactly one source (image_folder, npy or webdataset shards)");
+  if (!o.keep.empty() && o.webdataset.empty())
+    SPINDLE_THROW(std::invalid_argument, "spindle: keep names WebDataset members; this pipeline reads no shards");
   impl_->source = make_source(o);
-  if (o.random_resized_crop && o.center_crop)
-    SPINDLE_THROW(std::invalid_argument, "spindle: choose random_resized_crop or center_crop, not both");
-  if (o.normalize) {
-    for (float s : o.normalize->second)
-      if (!(s > 0)) SPINDLE_THROW(std::invalid_argument, "spindle: normalize needs std > 0");
+  for (const std::string& k : o.keep) {
+    if (k.empty() || k == "jpg" || k == "jpeg" || k == "png")
+      SPINDLE_THROW(std::invalid_argument, "spindle: keep='" + k + "': name members other than the image (e.g. "
+                                               "'txt', 'json')");
+    impl_->byte_fields.push_back(k);
   }
-  std::tie(impl_->out_h, impl_->out_w) = output_size(o, *impl_->source);
+  plan_stages(o, *impl_->source, *impl_);
+  impl_->names = {"image", "label"};
+  for (const std::string& name : impl_->byte_fields) {
+    for (const std::string& seen : impl_->names)
+      if (seen == name) SPINDLE_THROW(std::invalid_argument, "spindle: the batch field '" + name + "' is named twice");
+    impl_->names.push_back(name);
+  }
 }
 
 Pipeline::~Pipeline() = default;
@@ -184,6 +246,8 @@ std::size_t Pipeline::size() const noexcept { return impl_->source->size(); }
 
 bool Pipeline::streaming() const noexcept { return impl_->source->stream() != nullptr; }
 
+const std::vector<std::string>& Pipeline::field_names() const noexcept { return impl_->names; }
+
 const WebDataset& Pipeline::webdataset() const {
   const WebDataset* wds = impl_->source->stream();
   if (!wds) SPINDLE_FAIL_INTERNAL("spindle: this pipeline does not read WebDataset shards");
@@ -192,137 +256,207 @@ const WebDataset& Pipeline::webdataset() const {
 
 SlotLayout Pipeline::layout(uint32_t capacity) const {
   const int64_t h = impl_->out_h, w = impl_->out_w;
-  FieldSpec image;
-  if (options_.normalize) {
-    image.dtype = "<f4";
-    image.shape = options_.chw ? std::vector<int64_t>{3, h, w} : std::vector<int64_t>{h, w, 3};
+  std::vector<FieldSpec> fields(2);
+  if (const Stage* n = impl_->normalize) {
+    fields[0].dtype = "<f4";
+    fields[0].shape = n->fused.chw ? std::vector<int64_t>{3, h, w} : std::vector<int64_t>{h, w, 3};
   } else {
-    image.dtype = "|u1";
-    image.shape = {h, w, 3};
+    fields[0].dtype = "|u1";
+    fields[0].shape = {h, w, 3};
   }
-  return SlotLayout({image, FieldSpec{"<i8", {}}}, capacity);
+  fields[1] = FieldSpec{"<i8", {}};
+  uint64_t room = 0;
+  if (__builtin_mul_overflow(options_.bytes_per_sample, uint64_t{capacity}, &room))
+    SPINDLE_THROW(std::invalid_argument, "spindle: bytes_per_sample x batch size overflows");
+  for (std::size_t i = 0; i < impl_->byte_fields.size(); ++i) fields.push_back(FieldSpec::bytes(room));
+  return SlotLayout(std::move(fields), capacity);
 }
 
 void Pipeline::produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
-                       std::span<std::byte> payload, std::size_t row) const {
-  const PipelineOptions& o = options_;
-  SourceSample sample;
-  impl_->source->read(index, sample);
-  if (!sample.is_decoded) {
-    produce_encoded(sample.encoded, sample.label, sample.id, static_cast<uint64_t>(index), seed, epoch, layout,
-                    payload, row);
-    return;
-  }
-  ops::Rng rng(seed, epoch, static_cast<uint64_t>(index));
-  ops::Image img = std::move(sample.decoded);
-  const int64_t label = sample.label;
-  {
-    if (o.random_resized_crop) {
-      const ops::CropBox b = ops::random_resized_crop_box(img.height, img.width, rng, o.random_resized_crop->scale,
-                                                          o.random_resized_crop->ratio);
-      ops::Image crop;
-      ops::crop(img, b, crop);
-      ops::Image out;
-      ops::resize(crop, ops::Size{o.random_resized_crop->size, o.random_resized_crop->size}, out);
-      img = std::move(out);
-    }
-  }
-  finish(std::move(img), label, rng, layout, payload, row);
-}
-
-void Pipeline::produce_encoded(std::span<const std::byte> encoded, int64_t label, const SampleId& id,
-                               uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
-                               std::span<std::byte> payload, std::size_t row) const {
-  const PipelineOptions& o = options_;
-  ops::Rng rng(seed, epoch, draw);
-  if (o.random_resized_crop) {
-    // Fused: decode + crop + resize + flip in one call, straight into the
-    // slot's row (or, with normalize, into a reused per-thread image). The
-    // draws come in the same order as in finish(): the crop's, then the flip's.
-    const int s = o.random_resized_crop->size;
-    const size_t n = static_cast<size_t>(s) * s * 3;
-    thread_local ops::Image staging;
-    std::span<uint8_t> dst;
-    if (o.normalize) {
-      staging.height = staging.width = s;
-      staging.channels = 3;
-      staging.pixels.resize(n);
-      dst = staging.pixels;
-    } else {
-      dst = layout.view<uint8_t>(payload, 0).subspan(row * n, n);
-    }
-    auto plan = [&](int height, int width) {
-      ops::CropPlan p;
-      p.box = ops::random_resized_crop_box(height, width, rng, o.random_resized_crop->scale,
-                                           o.random_resized_crop->ratio);
-      p.mirror = o.flip_probability > 0 && rng.uniform() < o.flip_probability;
-      return p;
-    };
-    try {
-      ops::decode_resized(encoded, plan, ops::Size{s, s}, dst);
-    } catch (const std::exception& e) {
-      throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
-    }
-    if (o.normalize) {
-      std::span<float> out = layout.view<float>(payload, 0).subspan(row * n, n);
-      ops::normalize(staging, o.normalize->first, o.normalize->second, o.chw, out);
-    }
-    layout.view<int64_t>(payload, 1)[row] = label;
-    return;
-  }
-  ops::Image img;
-  try {
-    decode_sample(o, encoded, img);
-  } catch (const std::exception& e) {
-    throw DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
-  }
-  finish(std::move(img), label, rng, layout, payload, row);
-}
-
-void Pipeline::finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLayout& layout,
-                      std::span<std::byte> payload, std::size_t row) const {
-  const PipelineOptions& o = options_;
-  if (o.resize_shorter) resize_shorter(img, *o.resize_shorter);
-  if (o.center_crop && (img.height != *o.center_crop || img.width != *o.center_crop)) center_crop(img, *o.center_crop);
-  // The flip draw comes after the crop's draws: same sequence in every mode.
-  if (o.flip_probability > 0 && rng.uniform() < o.flip_probability) ops::hflip(img);
-  if (img.height != impl_->out_h || img.width != impl_->out_w)
-    SPINDLE_FAIL_INTERNAL("spindle: a sample came out " + std::to_string(img.height) + "x" +
-                          std::to_string(img.width) + ", not " + std::to_string(impl_->out_h) + "x" +
-                          std::to_string(impl_->out_w) + " in the pipeline");
-  if (o.normalize) {
-    std::span<float> out = layout.view<float>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
-    ops::normalize(img, o.normalize->first, o.normalize->second, o.chw, out);
+                       std::span<std::byte> payload, std::size_t row, BatchBytes& bytes) const {
+  SourceSample read;
+  impl_->source->read(index, read);
+  Sample sample;
+  sample.id = &read.id;
+  sample.label = read.label;
+  if (read.is_decoded) {
+    sample.image = std::move(read.decoded);
+    sample.decoded = true;
   } else {
-    std::span<uint8_t> out = layout.view<uint8_t>(payload, 0).subspan(row * img.pixels.size(), img.pixels.size());
-    std::memcpy(out.data(), img.pixels.data(), img.pixels.size());
+    sample.encoded = read.encoded;
   }
-  layout.view<int64_t>(payload, 1)[row] = label;
+  produce_read(sample, static_cast<uint64_t>(index), seed, epoch, layout, payload, row, bytes);
+}
+
+void Pipeline::produce_read(Sample& sample, uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
+                            std::span<std::byte> payload, std::size_t row, BatchBytes& bytes) const {
+  ops::Rng rng(seed, epoch, draw);
+  run_stages(sample, rng, layout, payload, row, bytes);
+}
+
+void Pipeline::run_stages(Sample& x, ops::Rng& rng, const SlotLayout& layout, std::span<std::byte> payload,
+                          std::size_t row, BatchBytes& bytes) const {
+  static const SampleId kNoId{"a sample", "", ""};
+  const SampleId& id = x.id ? *x.id : kNoId;
+  const std::vector<Stage>& st = options_.stages;
+  const std::size_t n = static_cast<std::size_t>(impl_->out_h) * impl_->out_w * 3;
+  bool written = false;  // the image is in the slot already (a direct fused crop)
+  for (const Step& step : impl_->plan) {
+    switch (step.op) {
+      case Step::Op::kDecode:
+        try {
+          ops::decode(x.encoded, std::nullopt, std::nullopt, x.image);
+        } catch (const std::exception& e) {
+          throw decode_error(id, e);
+        }
+        x.decoded = true;
+        continue;
+      case Step::Op::kDecodeCenterCrop:
+        try {
+          const ops::ImageInfo info = ops::probe(x.encoded);
+          ops::decode(x.encoded, ops::center_crop_box(info.height, info.width, step.crop->fused.size), std::nullopt,
+                      x.image);
+        } catch (const std::exception& e) {
+          throw decode_error(id, e);
+        }
+        x.decoded = true;
+        continue;
+      case Step::Op::kDecodeResizedCrop: {
+        // decode + crop + resize (+ flip) in one call, straight into the slot's
+        // row when it is the last step, else into the sample's image. Draws in
+        // stage order: the crop's, then the flip's.
+        const Stage::Fused& c = step.crop->fused;
+        std::span<uint8_t> dst;
+        if (step.direct && !impl_->normalize) {
+          dst = layout.view<uint8_t>(payload, 0).subspan(row * n, n);
+          written = true;
+        } else {
+          x.image.height = c.size.height;
+          x.image.width = c.size.width;
+          x.image.channels = 3;
+          x.image.pixels.resize(static_cast<std::size_t>(c.size.height) * c.size.width * 3);
+          dst = x.image.pixels;
+        }
+        const double flip = step.flip ? step.flip->fused.p : 0.0;
+        auto plan = [&](int height, int width) {
+          ops::CropPlan p;
+          p.box = ops::random_resized_crop_box(height, width, rng, c.scale, c.ratio);
+          p.mirror = flip > 0 && rng.uniform() < flip;
+          return p;
+        };
+        try {
+          ops::decode_resized(x.encoded, plan, c.size, dst);
+        } catch (const std::exception& e) {
+          throw decode_error(id, e);
+        }
+        x.decoded = true;
+        continue;
+      }
+      case Step::Op::kNormalize:
+        continue;  // as the row is written, below
+      case Step::Op::kRun: {
+        const Stage& s = st[step.stage];
+        const int h = x.image.height, w = x.image.width;
+        s.run(x, rng);
+        // A stage keeps the image's size or makes the one it declares.
+        if (x.decoded && s.needs != Stage::Needs::kEncoded) {
+          std::optional<ops::Size> want;
+          if (!s.size_after) want = ops::Size{h, w};
+          else want = step.size;  // nullopt: known per sample only (resize of an unknown size)
+          if (want && (x.image.height != want->height || x.image.width != want->width))
+            throw std::runtime_error("spindle: " + stage_name(st, step.stage) + " made " + id.origin + "'s image " +
+                                     size_text(x.image.height, x.image.width) + ", not " +
+                                     size_text(want->height, want->width) +
+                                     (s.size_after ? "" : " (a stage that changes the size declares it: "
+                                                          "UserStage::output_size)"));
+        }
+        continue;
+      }
+    }
+  }
+  if (!written) {
+    if (x.image.height != impl_->out_h || x.image.width != impl_->out_w || x.image.channels != 3 ||
+        x.image.pixels.size() != n)
+      throw std::runtime_error("spindle: " + id.origin + " came out " + size_text(x.image.height, x.image.width) +
+                               ", not the pipeline's " + size_text(impl_->out_h, impl_->out_w));
+    if (const Stage* norm = impl_->normalize) {
+      std::span<float> out = layout.view<float>(payload, 0).subspan(row * n, n);
+      ops::normalize(x.image, norm->fused.mean, norm->fused.std, norm->fused.chw, out);
+    } else {
+      std::memcpy(layout.view<uint8_t>(payload, 0).subspan(row * n, n).data(), x.image.pixels.data(), n);
+    }
+  }
+  layout.view<int64_t>(payload, 1)[row] = x.label;
+  const std::size_t fields = impl_->byte_fields.size();
+  if (!fields) return;
+  if (bytes.rows.size() != fields) bytes.rows.resize(fields);
+  if (bytes.origins.size() <= row) bytes.origins.resize(row + 1);
+  bytes.origins[row] = id.origin;
+  for (std::size_t f = 0; f < fields; ++f) {
+    auto& column = bytes.rows[f];
+    if (column.size() <= row) column.resize(row + 1);
+    column[row] = std::move(x.bytes_field(impl_->byte_fields[f]));
+  }
+}
+
+void Pipeline::put_bytes(const SlotLayout& layout, std::span<std::byte> payload, const BatchBytes& bytes,
+                         std::size_t count) const {
+  const std::size_t fields = impl_->byte_fields.size();
+  for (std::size_t f = 0; f < fields; ++f) {
+    std::vector<std::span<const std::byte>> rows(count);
+    uint64_t total = 0;
+    const uint64_t room = layout.field(2 + f).value_bytes;
+    std::size_t first_over = count;
+    for (std::size_t r = 0; r < count; ++r) {
+      rows[r] = bytes.rows.at(f).at(r);
+      total += rows[r].size();
+      if (total > room && first_over == count) first_over = r;
+    }
+    if (first_over != count)
+      throw std::length_error(
+          "spindle: the '" + impl_->byte_fields[f] + "' fields of a batch of " + std::to_string(count) +
+          " samples take " + std::to_string(total) + " bytes, more than the slot's " + std::to_string(room) +
+          " (bytes_per_sample=" + std::to_string(options_.bytes_per_sample) + " x " +
+          std::to_string(layout.capacity()) + "); " + bytes.origins.at(first_over) +
+          " is the first that does not fit. Set bytes_per_sample to at least " +
+          std::to_string((total + layout.capacity() - 1) / layout.capacity()));
+    layout.put_bytes(payload, 2 + f, rows);
+  }
 }
 
 Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_t seed, uint64_t epoch,
                  const SlotLayout& layout, std::span<std::byte> payload) {
   const bool skip = pipe.options().on_error == PipelineOptions::OnError::kSkip;
+  thread_local BatchBytes bytes;  // reused: no allocation per batch once warm
+  bytes.rows.resize(pipe.field_names().size() - 2);
+  bytes.origins.resize(indices.size());
   std::vector<std::size_t> bad;
+  Skips skips;
   std::string first_error, first_path, first_key;
   for (std::size_t row = 0; row < indices.size(); ++row) {
     try {
-      pipe.produce(indices[row], seed, epoch, layout, payload, row);
+      pipe.produce(indices[row], seed, epoch, layout, payload, row, bytes);
     } catch (const DecodeError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const DataError& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what(), first_path = e.path, first_key = e.key;
+      skips.add(e.what());
       bad.push_back(row);
     } catch (const std::exception& e) {
       if (!skip) throw;
       if (first_error.empty()) first_error = e.what();
+      skips.add(e.what());
       bad.push_back(row);
     }
   }
-  if (bad.empty()) return {};
+  if (bad.empty()) {
+    pipe.put_bytes(layout, payload, bytes, indices.size());
+    return {};
+  }
   // Replace each bad row by a copy of a good row of the same batch (the
   // nearest before it, else after): deterministic, whatever the mode.
   std::vector<bool> is_bad(indices.size(), false);
@@ -344,147 +478,18 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
         break;
       }
     for (std::size_t f = 0; f < layout.num_fields(); ++f) {
+      if (layout.is_bytes(f)) continue;
       std::byte* block = payload.data() + layout.offset(f);
       std::memcpy(block + r * layout.row_bytes(f), block + src * layout.row_bytes(f), layout.row_bytes(f));
     }
-  }
-  return Skips{bad.size(), first_error};
-}
-
-namespace {
-
-// Skipped samples: the count in the slot's own field (SlotHeader::skipped),
-// which the consumer's ratio check reads; the first reason, for the warning
-// a front end gives, in the batch's structure bytes (still as
-// "skipped=N;reason=<the first error>" until the Python front reads the field).
-void note_skips(WorkerContext& ctx, const WorkItem& item, const SlotLayout& layout, const Skips& skips) {
-  ctx.ring().slot(item.slot).skipped = static_cast<uint32_t>(skips.count);
-  if (!skips.count) return;
-  write_arrays_descriptor(ctx.ring().descriptor(item.slot), layout, skips.first_reason.substr(0, 1000));
-}
-
-// Inside a catch block: fails the item with its failure kind, path and key
-// in the slot's failure record (the consumer raises by kind). The report
-// still starts with the kind's name and a newline for the Python front that
-// splits it (pipeline.py _native_error) until it reads BatchFailedError.kind.
-void fail_current(WorkerContext& ctx, const WorkItem& item) noexcept {
-  try {
-    throw;
-  } catch (const DecodeError& e) {
-    ctx.fail(item, e.what(), FailureKind::kDecode, e.path, e.key);
-  } catch (const DataError& e) {
-    ctx.fail(item, e.what(), FailureKind::kData, e.path, e.key);
-  } catch (const InternalError& e) {
-    ctx.fail(item, e.what(), FailureKind::kInternal);
-  } catch (const std::exception& e) {
-    ctx.fail(item, e.what());
-  } catch (...) {
-    ctx.fail(item, "an unknown exception in the pipeline");
-  }
-}
-
-}  // namespace
-
-WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
-  return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
-    std::optional<SlotLayout> layout;
-    while (auto item = ctx.claim()) {
-      try {
-        if (!layout) layout.emplace(pipe->layout(ctx.ring().geometry().batch_capacity));
-        std::span<std::byte> out = ctx.begin_arrays(*item, *layout, "");
-        note_skips(ctx, *item, *layout, fill_batch(*pipe, item->indices, seed, epoch, *layout, out));
-        ctx.commit(*item);
-      } catch (...) {
-        fail_current(ctx, *item);
-      }
+    for (auto& column : bytes.rows) {
+      if (column.size() <= r) column.resize(r + 1);
+      column[r] = column.at(src);
     }
-    return 0;
-  };
-}
-
-WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
-  return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
-    const WebDataset& wds = pipe->webdataset();
-    const std::vector<std::size_t> shards =
-        wds.shards_of_worker(static_cast<std::size_t>(ctx.worker_id()), static_cast<std::size_t>(ctx.num_workers()));
-    const bool skip = pipe->options().on_error == PipelineOptions::OnError::kSkip;
-    const uint32_t capacity = ctx.ring().geometry().batch_capacity;
-    const SlotLayout layout = pipe->layout(capacity);
-    std::size_t next_shard = 0, shard = 0;
-    uint64_t position = 0;  // of the next sample in `shard`
-    std::optional<WdsShardReader> reader;
-    bool ended = false;
-    while (auto item = ctx.claim()) {
-      if (item->new_stream) {  // Loader::reset_streams: this worker's shards again, from the first
-        next_shard = 0;
-        reader.reset();
-        ended = false;
-      }
-      if (ended) {
-        ctx.exhausted(*item);
-        continue;
-      }
-      try {
-        std::span<std::byte> out = ctx.begin_arrays(*item, layout, "");
-        uint32_t count = 0;
-        Skips skips;
-        while (count < capacity) {
-          if (!reader) {
-            if (next_shard == shards.size()) {
-              ended = true;
-              break;
-            }
-            shard = shards[next_shard++];
-            position = 0;
-            reader.emplace(wds, shard);
-          }
-          std::optional<WdsSample> sample;
-          try {
-            sample = reader->next();
-          } catch (...) {
-            reader.reset();  // a corrupt shard: its tail is lost, the next shard goes on
-            throw;
-          }
-          if (!sample) {
-            reader.reset();
-            continue;
-          }
-          const uint64_t draw = (static_cast<uint64_t>(shard) << 32) | position++;
-          ctx.set_sample(static_cast<int64_t>(draw));
-          const std::vector<std::byte>* image = nullptr;
-          for (const char* ext : {"jpg", "jpeg", "png"})
-            if (auto it = sample->fields.find(ext); it != sample->fields.end()) image = &it->second;
-          try {
-            if (!image)
-              throw DataError("spindle: " + sample->origin + " has no jpg, jpeg or png member", reader->shard(),
-                              sample->key);
-            int64_t label = -1;
-            try {
-              label = WebDataset::label_of(*sample);
-            } catch (const DataError& e) {  // a bad label: named by its shard and key too
-              if (!e.path.empty()) throw;
-              throw DataError(e.what(), reader->shard(), sample->key);
-            }
-            pipe->produce_encoded(*image, label, SampleId{sample->origin, reader->shard(), sample->key}, draw, seed,
-                                  epoch, layout, out, count);
-            ++count;
-          } catch (const std::exception& e) {
-            if (!skip) throw;
-            if (skips.count++ == 0) skips.first_reason = e.what();  // dropped from the stream, counted
-          }
-        }
-        if (count == 0) {
-          ctx.exhausted(*item);
-          continue;
-        }
-        note_skips(ctx, *item, layout, skips);
-        ctx.commit(*item, count);
-      } catch (...) {
-        fail_current(ctx, *item);
-      }
-    }
-    return 0;
-  };
+    bytes.origins[r] = bytes.origins[src];
+  }
+  pipe.put_bytes(layout, payload, bytes, indices.size());
+  return skips;
 }
 
 }  // namespace spindle

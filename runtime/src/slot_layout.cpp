@@ -25,6 +25,10 @@ bool sample_bytes(std::size_t itemsize, std::span<const int64_t> shape, uint64_t
   return true;
 }
 
+// Where a byte field's values start in its block: after capacity + 1
+// offsets, on the next line.
+constexpr uint64_t bytes_values_at(uint32_t capacity) { return align_up((uint64_t{capacity} + 1) * 8, 64); }
+
 }  // namespace
 
 std::size_t SlotLayout::dtype_itemsize(std::string_view dtype) {
@@ -59,6 +63,23 @@ SlotLayout::SlotLayout(std::vector<FieldSpec> fields, uint32_t capacity)
   for (std::size_t i = 0; i < fields_.size(); ++i) {
     const FieldSpec& f = fields_[i];
     const std::size_t item = dtype_itemsize(f.dtype);
+    if (f.kind == FieldKind::kBytes) {
+      if (f.dtype != "|u1" || !f.shape.empty())
+        SPINDLE_THROW(std::invalid_argument, "spindle: byte field " + std::to_string(i) +
+                                                 " must be '|u1' with no shape (FieldSpec::bytes)");
+      uint64_t end = 0;
+      const uint64_t block = bytes_values_at(capacity_) + f.value_bytes;
+      if (block < f.value_bytes || add_overflows(offset, align_up(block, kAlign), end) ||
+          align_up(block, kAlign) < block)
+        SPINDLE_THROW(std::invalid_argument, "spindle: byte field " + std::to_string(i) + " is too large to lay out");
+      itemsize_.push_back(1);
+      row_bytes_.push_back(0);
+      offsets_.push_back(offset);
+      offset = end;
+      continue;
+    }
+    if (f.kind != FieldKind::kFixed)
+      SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " has an unknown kind");
     if (f.shape.size() > kMaxDims)
       SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " has " +
                                                std::to_string(f.shape.size()) + " dimensions; at most " +
@@ -79,6 +100,9 @@ SlotLayout::SlotLayout(std::vector<FieldSpec> fields, uint32_t capacity)
 void SlotLayout::check_view(std::size_t payload_bytes, std::size_t i, std::size_t item) const {
   if (i >= fields_.size())
     SPINDLE_THROW(std::invalid_argument, "spindle: the layout has no field " + std::to_string(i));
+  if (fields_[i].kind == FieldKind::kBytes)
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) +
+                                             " holds variable-length bytes: read it with bytes_column()");
   if (itemsize_[i] != item)
     SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " holds '" + fields_[i].dtype +
                                              "' items of " + std::to_string(itemsize_[i]) + " bytes, not " +
@@ -86,6 +110,63 @@ void SlotLayout::check_view(std::size_t payload_bytes, std::size_t i, std::size_
   if (payload_bytes < bytes_)
     SPINDLE_THROW(std::invalid_argument, "spindle: a payload of " + std::to_string(payload_bytes) +
                                              " bytes is smaller than its layout (" + std::to_string(bytes_) + ")");
+}
+
+void SlotLayout::put_bytes(std::span<std::byte> payload, std::size_t i,
+                           std::span<const std::span<const std::byte>> rows) const {
+  if (i >= fields_.size() || fields_[i].kind != FieldKind::kBytes)
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " is not a byte field");
+  if (rows.size() > capacity_)
+    SPINDLE_THROW(std::invalid_argument, "spindle: " + std::to_string(rows.size()) + " rows for a layout of " +
+                                             std::to_string(capacity_));
+  if (payload.size() < bytes_)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a payload of " + std::to_string(payload.size()) +
+                                             " bytes is smaller than its layout (" + std::to_string(bytes_) + ")");
+  const uint64_t room = fields_[i].value_bytes;
+  uint64_t total = 0;
+  std::size_t first_over = rows.size();
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    total += rows[r].size();
+    if (total > room && first_over == rows.size()) first_over = r;
+  }
+  if (first_over != rows.size())
+    SPINDLE_THROW(std::length_error, "spindle: byte field " + std::to_string(i) + " of a batch of " +
+                                         std::to_string(rows.size()) + " rows needs " + std::to_string(total) +
+                                         " bytes; the slot holds " + std::to_string(room) + " (row " +
+                                         std::to_string(first_over) + " is the first that does not fit)");
+  std::byte* block = payload.data() + offsets_[i];
+  auto* offsets = reinterpret_cast<uint64_t*>(block);
+  std::byte* values = block + bytes_values_at(capacity_);
+  uint64_t at = 0;
+  offsets[0] = 0;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (!rows[r].empty()) std::memcpy(values + at, rows[r].data(), rows[r].size());
+    at += rows[r].size();
+    offsets[r + 1] = at;
+  }
+}
+
+BytesColumn SlotLayout::bytes_column(std::span<const std::byte> payload, std::size_t i, std::size_t count) const {
+  if (i >= fields_.size() || fields_[i].kind != FieldKind::kBytes)
+    SPINDLE_THROW(std::invalid_argument, "spindle: field " + std::to_string(i) + " is not a byte field");
+  if (count > capacity_ || payload.size() < bytes_)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a batch of " + std::to_string(count) + " rows in " +
+                                             std::to_string(payload.size()) + " bytes does not match its layout");
+  const std::byte* block = payload.data() + offsets_[i];
+  const auto* offsets = reinterpret_cast<const uint64_t*>(block);
+  const uint64_t room = fields_[i].value_bytes;
+  if (offsets[0] != 0)
+    SPINDLE_THROW(std::runtime_error, "spindle: byte field " + std::to_string(i) +
+                                          " has invalid offsets (the first is not 0); a bug in the worker that "
+                                          "filled the slot");
+  for (std::size_t r = 0; r < count; ++r)
+    if (offsets[r + 1] < offsets[r] || offsets[r + 1] > room)
+      SPINDLE_THROW(std::runtime_error, "spindle: byte field " + std::to_string(i) + " has invalid offsets at row " +
+                                            std::to_string(r) + "; a bug in the worker that filled the slot");
+  BytesColumn c;
+  c.offsets = {offsets, count + 1};
+  c.values = {block + bytes_values_at(capacity_), static_cast<std::size_t>(offsets[count])};
+  return c;
 }
 
 void write_arrays_descriptor(std::byte* desc, const SlotLayout& layout, std::string_view structure) {
@@ -100,7 +181,9 @@ void write_arrays_descriptor(std::byte* desc, const SlotLayout& layout, std::str
     const FieldSpec& f = layout.field(i);
     std::memcpy(r.dtype, f.dtype.data(), f.dtype.size());  // <= 7 chars, checked by SlotLayout
     r.ndim = static_cast<uint32_t>(f.shape.size());
+    r.kind = static_cast<uint32_t>(f.kind);
     for (std::size_t k = 0; k < f.shape.size(); ++k) r.shape[k] = f.shape[k];
+    if (f.kind == FieldKind::kBytes) r.shape[0] = static_cast<int64_t>(f.value_bytes);
     r.offset = layout.offset(i);
     r.row_bytes = layout.row_bytes(i);
     records[i] = r;
@@ -169,6 +252,13 @@ SlotContents read_descriptor(const std::byte* desc, uint64_t payload_bytes) {
     FieldSpec f;
     f.dtype.assign(r.dtype, strnlen(r.dtype, sizeof r.dtype));
     f.shape.assign(r.shape, r.shape + r.ndim);
+    if (r.kind == static_cast<uint32_t>(FieldKind::kBytes)) {
+      if (r.ndim != 0 || r.shape[0] < 0) corrupt("byte field with a shape");
+      f.kind = FieldKind::kBytes;
+      f.value_bytes = static_cast<uint64_t>(r.shape[0]);
+    } else if (r.kind != static_cast<uint32_t>(FieldKind::kFixed)) {
+      corrupt("unknown field kind " + std::to_string(r.kind));
+    }
     fields.push_back(std::move(f));
   }
   try {

@@ -65,6 +65,42 @@ TEST(SlotDescriptor, RoundTripsAndRefusesCorruptOrOversizedLayouts) {
                std::invalid_argument);
 }
 
+// Proves: a byte field is capacity + 1 offsets then a values buffer in one aligned block; rows of
+// any length round-trip through put_bytes / bytes_column and the descriptor; values that do not
+// fit are refused (not cut), and offsets leaving the block are refused on the consumer's side.
+TEST(SlotLayout, ByteFieldsHoldRowsOfAnyLengthAndRefuseWhatDoesNotFit) {
+  SlotLayout l({{"<i8", {}}, FieldSpec::bytes(100)}, 4);
+  EXPECT_TRUE(l.is_bytes(1));
+  EXPECT_EQ(l.offset(1), 64u);
+  EXPECT_EQ(l.bytes(), 64u + 64u + 128u) << "5 offsets on one line, then 100 value bytes rounded up";
+  std::vector<std::byte> payload(l.bytes());
+  const std::string a = "a caption", b, c(90, 'x');
+  std::vector<std::span<const std::byte>> rows{std::as_bytes(std::span(a)), std::as_bytes(std::span(b)),
+                                               std::as_bytes(std::span(c))};
+  l.put_bytes(payload, 1, rows);
+  std::vector<std::byte> desc(kDescriptorBytes);
+  write_arrays_descriptor(desc.data(), l, "");
+  const SlotContents back = read_descriptor(desc.data(), l.bytes());
+  ASSERT_TRUE(back.layout.is_bytes(1));
+  EXPECT_EQ(back.layout.field(1).value_bytes, 100u);
+  const BytesColumn col = back.layout.bytes_column(payload, 1, 3);
+  ASSERT_EQ(col.size(), 3u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(col[0].data()), col[0].size()), a);
+  EXPECT_EQ(col[1].size(), 0u);
+  EXPECT_EQ(col[2].size(), 90u);
+  EXPECT_THROW(l.view<uint8_t>(payload, 1), std::invalid_argument) << "a byte field is not an array";
+  const std::string d(11, 'y');
+  rows.push_back(std::as_bytes(std::span(d)));
+  try {
+    l.put_bytes(payload, 1, rows);
+    FAIL() << "101 bytes went into 100";
+  } catch (const std::length_error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs 110 bytes; the slot holds 100 (row 3"), std::string::npos) << e.what();
+  }
+  reinterpret_cast<uint64_t*>(payload.data() + l.offset(1))[2] = 1000;
+  EXPECT_THROW(l.bytes_column(payload, 1, 3), std::runtime_error) << "an offset past the values";
+}
+
 // Proves: workers write typed fields whose size changes from batch to batch (growing
 // slots from 64 KiB to several MiB); the consumer reads each batch's own layout, and
 // kept batches keep their values while later ones grow other slots.

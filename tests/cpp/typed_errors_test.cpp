@@ -198,8 +198,7 @@ struct BrokenFolder {
     }
     PipelineOptions o;
     o.image_folder = dir.path().string();
-    o.decode = true;
-    o.center_crop = 2;
+    o.stages = {stages::decode(), stages::center_crop({2, 2})};
     o.on_error = PipelineOptions::OnError::kSkip;
     o.max_skip_ratio = max_ratio;
     pipe = std::make_shared<const Pipeline>(o);

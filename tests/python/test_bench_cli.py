@@ -30,7 +30,7 @@ def bench(tmp_path_factory):
     out = tmp / "out"
     cmd = [sys.executable, "-m", "spindle", "bench", "--quick", "--json",
            "--workload", "arrays,jpeg-native,dataset", "--dataset", "bench_user_data:make",
-           "--loaders", "spindle,torch,spindle-native-processes,tf.data",
+           "--loaders", "spindle,torch,torch+PIL,spindle-native-processes,tf.data",
            "--workers", "1,2", "--rounds", "1", "--samples", str(SAMPLES), "--images", str(IMAGES),
            "--out", str(out), "--timeout", "90"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -44,7 +44,7 @@ def test_every_figure_is_present_and_plausible(bench):
     doc, _, _ = bench
     rows = {(r["workload"], r["loader"], r["workers"]): r for r in doc["results"]}
     expected = {("arrays", "spindle"), ("arrays", "torch"), ("jpeg-native", "spindle-native-processes"),
-                ("jpeg-native", "torch"), ("dataset", "spindle"), ("dataset", "torch")}
+                ("jpeg-native", "torch+PIL"), ("dataset", "spindle"), ("dataset", "torch")}
     assert {(w, lo) for w, lo, _ in rows} == expected
     size = {"arrays": SAMPLES, "jpeg-native": IMAGES, "dataset": 300}
     for (workload, loader, workers), r in rows.items():
@@ -96,3 +96,21 @@ def test_bad_arguments_say_what_to_change(args, message):
     done = subprocess.run([sys.executable, "-m", "spindle", "bench", *args], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_results_are_written_when_plotting_fails(tmp_path):
+    """Proves: with matplotlib failing to import, `spindle bench` still completes and writes bench.json and
+    bench.md (written before the plots), and says in one line why there are no plots."""
+    shadow = tmp_path / "shadow"
+    (shadow / "matplotlib").mkdir(parents=True)
+    (shadow / "matplotlib" / "__init__.py").write_text("raise ImportError('hidden by test_bench_cli')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "spindle", "bench", "--workload", "arrays", "--loaders", "spindle",
+                           "--workers", "1", "--rounds", "1", "--samples", "1024", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["plots"] == [] and [r["loader"] for r in doc["results"]] == ["spindle"], doc["results"]
+    assert "spindle" in (out / "bench.md").read_text()
+    assert [line for line in done.stderr.splitlines() if "no plots" in line and "hidden by test_bench_cli" in line]

@@ -14,7 +14,7 @@ import json, os, sys
 sys.path.insert(0, {here!r})
 import jax, jax.numpy as jnp
 import spindle
-from datasets import Images
+from toy_datasets import Images
 
 x = jnp.ones((512, 512))
 (x @ x).block_until_ready()               # XLA's CPU pools are up and running

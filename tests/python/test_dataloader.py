@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import spindle
-from datasets import Images, Nested, Pair
+from toy_datasets import Images, Nested, Pair
 
 
 def labels(batch):
@@ -133,13 +133,14 @@ def test_unsupported_leaf_types_are_refused_with_the_field_path():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size should be an integer >= 1"),
-    ({"num_workers": -1}, "num_workers should be an integer >= 0"),
-    ({"timeout": -1}, "timeout should be non-negative"),
-    ({"prefetch_factor": 0}, "prefetch_factor should be an integer >= 1"),
+    ({"batch_size": 0}, "batch_size should be a positive integer value, but got batch_size=0"),
+    ({"num_workers": -1}, "num_workers option should be non-negative"),
+    ({"timeout": -1}, "timeout option should be non-negative"),
+    ({"prefetch_factor": 0}, "prefetch_factor should be at least 1"),
 ])
 def test_bad_arguments_raise_value_errors_naming_the_argument(kwargs, message):
-    """Invalid arguments fail at construction with the argument's name."""
+    """Invalid arguments fail at construction with the argument's name (torch's words where torch has
+    them: tests/python/test_argument_errors.py compares them with torch's)."""
     with pytest.raises(ValueError, match=message):
         spindle.DataLoader(Images(10), **kwargs)
 

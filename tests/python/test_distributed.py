@@ -176,7 +176,7 @@ def test_dataloader_resumes_exactly_with_another_worker_count(before, after):
     it = iter(first)
     head = [next(it) for _ in range(5)]
     state = json.loads(json.dumps(first.state_dict()))
-    assert state["format"] == "spindle.DataLoader" and state["version"] == 1 and state["batches"] == 5
+    assert state["format"] == "spindle.DataLoader" and state["version"] == 2 and state["batches"] == 5
     assert as_lists(head) == whole[0][:5]
     del it
     resumed = make(after)

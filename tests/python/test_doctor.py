@@ -192,3 +192,30 @@ def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
         proc.wait()
         if os.path.lexists(ledger):
             os.unlink(ledger)
+
+
+def test_doctor_pid_lists_the_consumer_and_its_workers(tmp_path):
+    """Proves: `spindle doctor --pid <consumer> --json` lists the consumer and each of its spindle workers
+    (marked as such, with /proc's thread counts), and no other process of the uid."""
+    ledger = f"/dev/shm/spindle-ledger-doctor.{os.getpid()}.{time.monotonic_ns()}"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["SPINDLE_LEDGER_PATH"] = ledger
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        tree = json.loads(proc.stdout.readline())
+        out = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--json", "--pid", str(proc.pid)],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode == 0, out.stderr
+        by_pid = {p["pid"]: p for p in json.loads(out.stdout)["processes"]}
+        assert set(by_pid) == {proc.pid, *tree["workers"]}, sorted(by_pid)
+        assert not by_pid[proc.pid]["spindle_worker"]
+        for w in tree["workers"]:
+            assert (by_pid[w]["ppid"], by_pid[w]["spindle_worker"], by_pid[w]["threads"]) == (proc.pid, True, 1)
+        text = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--pid", str(proc.pid)],
+                              capture_output=True, text=True, timeout=120, env=env).stdout
+        assert text.count("[spindle worker]") == len(tree["workers"]), text
+    finally:
+        proc.kill()
+        proc.wait()
+        if os.path.lexists(ledger):
+            os.unlink(ledger)

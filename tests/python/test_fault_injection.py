@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import spindle
-from datasets import Images
+from toy_datasets import Images
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -114,7 +114,7 @@ def test_too_few_file_descriptors_give_a_clear_error():
     """With RLIMIT_NOFILE used up, creating a loader fails with an error naming the cause, no crash."""
     code = textwrap.dedent("""
         import os, resource, spindle
-        from datasets import Images
+        from toy_datasets import Images
         list(spindle.DataLoader(Images(10), batch_size=2, num_workers=2))  # every import done
         keep = []
         try:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import spindle
-from datasets import Images
+from toy_datasets import Images
 
 torch = pytest.importorskip("torch")
 

@@ -16,7 +16,7 @@ import pytest
 
 import spindle
 import spindle.torch
-from datasets import Images, SlowAt
+from toy_datasets import Images, SlowAt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FRONTS = ["numpy", "torch"]
@@ -65,7 +65,7 @@ def test_ctrl_c_while_waiting_raises_keyboard_interrupt_promptly_and_stops_the_w
     child = run_child(f"""
         import os, sys, time
         import spindle, spindle.torch
-        from datasets import SlowAt
+        from toy_datasets import SlowAt
         Loader = spindle.DataLoader if {front!r} == "numpy" else spindle.torch.DataLoader
         it = iter(Loader(SlowAt(0, 1000.0), batch_size=2, num_workers=2))
         pids = list(it.worker_pids)
@@ -259,7 +259,7 @@ def test_killing_the_consumer_at_any_moment_leaves_no_process(front):
         tag = f"kill-{front}-{trial}-{os.getpid()}"
         child = run_child(f"""
             import spindle, spindle.torch
-            from datasets import SlowAt
+            from toy_datasets import SlowAt
             Loader = spindle.DataLoader if {front!r} == "numpy" else spindle.torch.DataLoader
             print("GO", flush=True)
             for _ in range(100):
@@ -286,7 +286,7 @@ def test_ctrl_c_at_random_moments_leaves_a_clean_state():
         tag = f"int-{trial}-{os.getpid()}"
         child = run_child("""
             import spindle
-            from datasets import Images
+            from toy_datasets import Images
             print("GO", flush=True)
             try:
                 for _ in range(1000):
@@ -334,7 +334,7 @@ def test_a_signal_while_a_loader_is_dropped_raises_where_it_was_dropped(front):
     child = run_child(f"""
         import os, signal
         import spindle, spindle.torch
-        from datasets import Images
+        from toy_datasets import Images
         {_DROPPED[front]}
         class Signalled(Exception): pass
         def handler(signum, frame): raise Signalled
@@ -362,7 +362,7 @@ def test_ctrl_c_during_the_interpreters_fork_callbacks_raises_and_leaves_no_work
     child = run_child(f"""
         import os, signal
         import spindle, spindle.torch
-        from datasets import Images
+        from toy_datasets import Images
         Loader = spindle.DataLoader if {front!r} == "numpy" else spindle.torch.DataLoader
         loader = Loader(Images(64), batch_size=8, num_workers=3)
         sent = []

@@ -12,7 +12,7 @@ import pytest
 
 import spindle
 from spindle import pipeline as sp
-from datasets import add_broken_images
+from toy_datasets import add_broken_images
 
 PIL = pytest.importorskip("PIL.Image")
 

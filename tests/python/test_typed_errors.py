@@ -12,7 +12,7 @@ import spindle
 from spindle import _core
 from spindle import errors
 from spindle import pipeline as sp
-from datasets import ExitsAt, KillsItselfAt, SegfaultsAt, add_broken_images
+from toy_datasets import ExitsAt, KillsItselfAt, SegfaultsAt, add_broken_images
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 import spindle
-from datasets import FailsAt, KillsItselfAt, SlowAt
+from toy_datasets import FailsAt, KillsItselfAt, SlowAt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,7 +25,7 @@ def test_a_worker_exception_is_reraised_with_its_type_traceback_and_sample_index
         next(it)
     notes = "".join(info.value.__notes__)
     assert "while loading sample index 57 (batch 5)" in notes
-    assert "in __getitem__" in notes and "datasets.py" in notes  # the worker's own frames
+    assert "in __getitem__" in notes and "toy_datasets.py" in notes  # the worker's own frames
     assert info.value.sample_index == 57
     text = "".join(traceback.format_exception(info.value))
     assert "corrupt record 57" in text and "sample index 57" in text
@@ -113,7 +113,7 @@ CONSUMER = textwrap.dedent(r"""
     import sys, time
     sys.path.insert(0, {here!r})
     import spindle
-    from datasets import SlowAt
+    from toy_datasets import SlowAt
     it = iter(spindle.DataLoader(SlowAt(1, 60.0), batch_size=2, num_workers=3))
     print(" ".join(map(str, it.worker_pids)), flush=True)
     time.sleep(60)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import spindle
-from datasets import Images
+from toy_datasets import Images
 from spindle._budget import caps as _caps
 
 

@@ -1,6 +1,6 @@
 """One rank of the multi-host test (tests/python/test_torchrun.py), started by torchrun.
 
-    torchrun ... torchrun_job.py OUT_DIR fresh|resume
+    torchrun ... torchrun_job.py OUT_DIR fresh|resume|elastic
 
 Each rank loads its part of a map-style dataset with
 ``spindle.torch.StatefulDataLoader(shard="auto")`` over gloo (CPU).
@@ -11,6 +11,9 @@ Each rank loads its part of a map-style dataset with
   (atomically); after STOP_AFTER batches it waits to be killed (SIGKILL).
 - ``resume``: each rank loads its saved state into a new loader and finishes
   epoch 1, writing the ids it loaded after resuming.
+- ``elastic``: a job of another world size; every rank loads rank 0's saved
+  state (the ranks advanced in lock step) and finishes epoch 1, writing the ids
+  it loaded to elastic<world>.<rank>.json.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def main() -> None:
     out, phase = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    with open(os.path.join(out, f"pid{rank}.{phase}"), "w") as f:
+    with open(os.path.join(out, f"pid{rank}.{phase}" + (str(world) if phase == "elastic" else "")), "w") as f:
         f.write(str(os.getpid()))
     state_path = os.path.join(out, f"state{rank}.json")
     loader = make_loader()
@@ -73,11 +76,17 @@ def main() -> None:
             write_json(state_path, {"state": loader.state_dict(), "seen": seen})
             if k + 1 == STOP_AFTER:
                 time.sleep(600)  # the test kills the whole job here
-    else:
+    elif phase == "resume":
         saved = json.load(open(state_path))
         loader.load_state_dict(saved["state"])
         rest = [int(i) for batch in loader for i in batch.flatten()]
         write_json(os.path.join(out, f"resumed{rank}.json"), {"before": saved["seen"], "after": rest})
+        dist.barrier()
+    else:
+        saved = json.load(open(os.path.join(out, "state0.json")))
+        loader.load_state_dict(saved["state"])  # rank 0's state, whatever this job's world size
+        rest = [int(i) for batch in loader for i in batch.flatten()]
+        write_json(os.path.join(out, f"elastic{world}.{rank}.json"), rest)
         dist.barrier()
     dist.destroy_process_group()
 

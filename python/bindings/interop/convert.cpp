@@ -64,6 +64,15 @@ py::list field_arrays(const SlotLayout& layout, std::byte* payload, std::size_t 
   py::list out;
   for (std::size_t i = 0; i < layout.num_fields(); ++i) {
     const FieldSpec& f = layout.field(i);
+    if (f.kind == FieldKind::kBytes) {  // (values, offsets): the flat buffer and rows + 1 offsets
+      const BytesColumn c = layout.bytes_column({payload, static_cast<std::size_t>(layout.bytes())}, i, rows);
+      auto* values = const_cast<std::byte*>(c.values.data());
+      auto* offsets = const_cast<uint64_t*>(c.offsets.data());
+      out.append(py::make_tuple(
+          py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(c.values.size())}, {1}, values, owner),
+          py::array(py::dtype("<u8"), {static_cast<py::ssize_t>(c.offsets.size())}, {8}, offsets, owner)));
+      continue;
+    }
     std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(rows)};
     shape.insert(shape.end(), f.shape.begin(), f.shape.end());
     std::vector<py::ssize_t> strides(shape.size());

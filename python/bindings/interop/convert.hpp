@@ -36,7 +36,8 @@ BatchPlan plan_from(const pybind11::buffer& order, std::size_t batch_size, bool 
 // A Python-side (dtype string, shape) list as the core's field specs.
 std::vector<FieldSpec> field_specs(const std::vector<std::pair<std::string, std::vector<int64_t>>>& fields);
 // Arrays over a payload laid out by `layout`: `rows` rows of each field,
-// viewing the memory (no copy), kept alive by `owner`.
+// viewing the memory (no copy), kept alive by `owner`; a byte field is a
+// tuple (values uint8 [n bytes], offsets uint64 [rows + 1]).
 pybind11::list field_arrays(const SlotLayout& layout, std::byte* payload, std::size_t rows, pybind11::handle owner);
 
 // LoaderOptions as Python shows it (its __repr__).

@@ -67,6 +67,12 @@ def cap_worker_pools() -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError:
             pass  # already used in the consumer; its inter-op pool starts lazily, on demand only
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is not None:
+        # Arrow's pools (a Hugging Face datasets.Dataset reads through them) start threads on
+        # demand, up to the CPU count; one is the least Arrow takes (see ThreadWatchdog).
+        pyarrow.set_cpu_count(1)
+        pyarrow.set_io_thread_count(1)
     cap_loaded_pools()
 
 
@@ -246,9 +252,13 @@ class ThreadWatchdog:
         if self.warned or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._period
+        # Arrow's CPU pool, capped at one thread in every worker (cap_worker_pools), cannot run with
+        # none: reading a Hugging Face dataset (numpy/torch format) starts that one thread. Nothing
+        # the user can change, so it is not warned about.
+        lease = self._lease + (1 if "pyarrow" in sys.modules else 0)
         for worker_id, pid in enumerate(self._pids()):
             names = thread_names(pid)
-            if len(names) > self._lease:
+            if len(names) > lease:
                 self.warned = True
                 counts = collections.Counter(names[1:])  # the first task is the worker's own thread
                 listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())

@@ -219,13 +219,22 @@ class Columns:
                 dst[row] = value
 
 
+def fits_a_slot(fields: tuple[tuple[str, tuple[int, ...]], ...], structure: bytes) -> bool:
+    """Whether a batch of these fields (dtype, shape) and this pickled structure fits one slot's
+    descriptor; the limits are the runtime SlotLayout's. A batch that does not travels pickled."""
+    return (len(fields) <= SlotLayout.MAX_FIELDS and len(structure) <= SlotLayout.MAX_STRUCTURE_BYTES
+            and all(len(shape) <= SlotLayout.MAX_DIMS for _, shape in fields))
+
+
 class _Plan:
     """What a worker needs to write batches of one structure: the runtime's
-    layout, the pickled structure, and its compiled walk (None: the Python path)."""
+    layout (None: the batch does not fit a slot's descriptor), the pickled
+    structure, and its compiled walk (None: the Python path)."""
 
     __slots__ = ("tree", "layout", "structure", "rows")
 
-    def __init__(self, tree: Any, layout: SlotLayout, structure: bytes, rows: Optional[SampleRows]) -> None:
+    def __init__(self, tree: Any, layout: Optional[SlotLayout], structure: bytes,
+                 rows: Optional[SampleRows]) -> None:
         self.tree = tree
         self.layout = layout
         self.structure = structure
@@ -331,12 +340,16 @@ class SlotWriter:
             samples.append(_rebuild(plan.tree, leaf, False))
         return samples
 
-    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        """The batch into the item's slot; SampleStructureError names a sample that does not fit."""
+    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> Optional[Columns]:
+        """The batch into the item's slot; SampleStructureError names a sample that does not fit.
+        None once written; the checked Columns, with nothing written, if the batch has more fields
+        (or a larger structure) than a slot's descriptor holds: the caller sends it pickled."""
         if self.write_as_last(ctx, item, samples):
-            return
-        if not self.write_as(ctx, item, samples, self.describe(samples[0], indices[0])):
-            self.write_columns(ctx, item, Columns(samples, indices))
+            return None
+        if self.write_as(ctx, item, samples, self.describe(samples[0], indices[0])):
+            return None
+        columns = Columns(samples, indices)
+        return None if self.write_columns(ctx, item, columns) else columns
 
     def write_as_last(self, ctx: Any, item: Any, samples: list[Any]) -> bool:
         """The batch in one C++ call if every sample, the first too, matches exactly the
@@ -354,11 +367,15 @@ class SlotWriter:
         self._last = plan
         return True
 
-    def write_columns(self, ctx: Any, item: Any, columns: Columns) -> None:
-        """The Python path: `columns` (already checked) into the slot."""
+    def write_columns(self, ctx: Any, item: Any, columns: Columns) -> bool:
+        """The Python path: `columns` (already checked) into the slot; False (nothing written) if
+        the batch does not fit a slot's descriptor (fits_a_slot)."""
         description = (columns.tree, tuple(columns.fields))
         plan = self._plans.get(description) or self._plan(item, description)
+        if plan.layout is None:
+            return False
         columns.write(ctx.begin_arrays(item, plan.layout, plan.structure))
+        return True
 
     def _plan(self, item: Any, description: tuple) -> _Plan:
         tree, fields = description
@@ -369,6 +386,9 @@ class SlotWriter:
                 f"the structure of batch {item.batch_id} ({_describe(tree)}) cannot be sent to the "
                 f"consumer: {exc}. Define the sample's container classes (e.g. namedtuples) at module "
                 "level.") from exc
+        if not fits_a_slot(fields, structure):
+            plan = self._plans[description] = _Plan(tree, None, structure, None)
+            return plan
         layout = SlotLayout([(d, list(s)) for d, s in fields], self._capacity)
         walk = _walk(tree) if fields else None
         rows = None if walk is None else SampleRows(walk, layout, structure,
@@ -400,9 +420,14 @@ class BatchReader:
         return _rebuild(tree, leaf, self._tuples_as_lists)
 
 
-def collate_local(samples: list[Any], indices: list[int], reader: BatchReader) -> Any:
-    """In-process batching (num_workers=0) with the same checks and result as the workers'."""
-    columns = Columns(samples, indices)
-    arrays = [np.empty((len(samples),) + shape, np.dtype(dtype)) for dtype, shape in columns.fields]
+def stacked(columns: Columns, reader: BatchReader) -> Any:
+    """The batch of `columns` in new arrays (not a slot), in its samples' structure."""
+    arrays = [np.empty((len(columns.columns[0]) if columns.columns else 0,) + shape, np.dtype(dtype))
+              for dtype, shape in columns.fields]
     columns.write(arrays)
     return reader.rebuild(columns.tree, arrays)
+
+
+def collate_local(samples: list[Any], indices: list[int], reader: BatchReader) -> Any:
+    """In-process batching (num_workers=0) with the same checks and result as the workers'."""
+    return stacked(Columns(samples, indices), reader)

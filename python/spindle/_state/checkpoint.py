@@ -29,10 +29,12 @@ from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["STATE_VERSION", "sample_seed", "batch_seed", "Reseeded", "BatchSeeds", "EpochCell", "Position", "Progress", "new_state", "check_state",
+__all__ = ["STATE_VERSION", "sample_seed", "batch_seed", "Reseeded", "BatchSeeds", "EpochCell", "Position", "Progress", "new_state", "check_state", "dataset_key",
            "bytes_to_json", "json_to_bytes", "torch_imported"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+# Version 1 lacks the epoch's re-splits (elastic resume): it reads as an epoch never re-split.
+READ_VERSIONS = (1, 2)
 _MASK = (1 << 64) - 1
 
 
@@ -143,9 +145,10 @@ class Position:
     """How far an epoch's iterator got: kept by the loader (not the iterator itself, so that
     dropping the iterator still stops its workers)."""
 
-    def __init__(self, epoch: int, yielded: int) -> None:
+    def __init__(self, epoch: int, yielded: int, resplits: Any = ()) -> None:
         self.epoch = epoch
         self.yielded = yielded  # batches of this epoch handed out, counting those skipped on resume
+        self.resplits = resplits  # the epoch's earlier re-splits (spindle._state.elastic), () if none
         self.finished = False
 
 
@@ -186,15 +189,22 @@ def check_state(state: Mapping[str, Any], fmt: str, expected: Mapping[str, Any])
         found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
         raise ValueError(f"spindle: this is not a {fmt} state (its format is {found!r}); pass the dict "
                          f"that {fmt}.state_dict() returned")
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READ_VERSIONS:
         raise ValueError(f"spindle: {fmt} state version {state.get('version')!r} is not supported by this "
-                         f"spindle (it reads version {STATE_VERSION})")
+                         f"spindle (it reads versions {', '.join(map(str, READ_VERSIONS))})")
     wrong = [f"{key}: state has {state.get(key)!r}, this loader {value!r}" for key, value in expected.items()
              if _jsonish(state.get(key)) != _jsonish(value)]
     if wrong:
         raise ValueError(f"spindle: the {fmt} state was saved by a loader set up differently, so the batches "
                          f"after resuming would not be the ones it would have yielded ({'; '.join(wrong)}). "
                          "Build the loader with the same dataset and settings as the one that saved it.")
+
+
+def dataset_key(dataset: Any) -> dict[str, Any]:
+    """The ``dataset`` setting of a loader's state: what a dataset says a state must match to resume
+    it mid-epoch (``spindle.mix``: its sources' lengths, weights, seed and shuffle), else nothing."""
+    key = getattr(dataset, "spindle_state_key", None)
+    return {"dataset": key()} if callable(key) else {}
 
 
 def _jsonish(value: Any) -> Any:

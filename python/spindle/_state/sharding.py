@@ -20,14 +20,13 @@ process (rank 0 of 1). Nothing here imports torch or JAX.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from typing import Any, Optional
 
 import numpy as np
 
-__all__ = ["Shard", "resolve_shard", "shard_order", "shard_list"]
+__all__ = ["Shard", "resolve_shard", "cut_order", "shard_order", "shard_list"]
 
 # (rank variable, world size variable, launcher) in the order they are tried.
 _ENVIRONMENTS = (
@@ -95,20 +94,27 @@ def _auto() -> Shard:
     return Shard(0, 1, "no distributed launcher found: one process")
 
 
-def shard_order(order: np.ndarray, shard: Optional[Shard], drop_last: bool) -> np.ndarray:
-    """This rank's part of the epoch's global `order`, as DistributedSampler cuts it."""
+def cut_order(order: np.ndarray, world: int, drop_last: bool,
+              pad_from: Optional[np.ndarray] = None) -> np.ndarray:
+    """The order cut (drop_last) or padded to a multiple of `world`, as DistributedSampler does: the
+    padding repeats `pad_from` (the order itself by default) from its start, cyclically."""
+    n = len(order)
+    if drop_last and n % world:
+        return order[:n // world * world]
+    padding = -n % world
+    if padding and n:
+        source = order if pad_from is None or not len(pad_from) else pad_from
+        order = np.concatenate([order, np.resize(source, padding)])
+    return order
+
+
+def shard_order(order: np.ndarray, shard: Optional[Shard], drop_last: bool,
+                pad_from: Optional[np.ndarray] = None) -> np.ndarray:
+    """This rank's part of the epoch's global `order`, as DistributedSampler cuts it (the padding
+    from `pad_from`'s start: the epoch's whole order when `order` is what remains of it)."""
     if shard is None:
         return order
-    n, world = len(order), shard.world_size
-    if drop_last and n % world:
-        per_rank = n // world
-        order = order[:per_rank * world]
-    else:
-        per_rank = math.ceil(n / world)
-        padding = per_rank * world - n
-        if padding and n:
-            order = np.concatenate([order] + [order] * (padding // n) + [order[:padding % n]])
-    return np.ascontiguousarray(order[shard.rank:per_rank * world:world])
+    return np.ascontiguousarray(cut_order(order, shard.world_size, drop_last, pad_from)[shard.rank::shard.world_size])
 
 
 def shard_list(items: list[Any], shard: Optional[Shard], what: str) -> list[Any]:

@@ -26,13 +26,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .._extras import MissingExtraError, missing_modules, require_extra
 from . import harness, report
 from .machine import machine_info
 from .tree import load_average
 
 __all__ = ["main"]
 
-QUICK_LOADERS = ("spindle", "torch", "spindle-native-processes", "spindle-native-threads")
+QUICK_LOADERS = ("spindle", "torch", "torch+PIL", "spindle-native-processes", "spindle-native-threads")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -149,11 +150,33 @@ def plan(s: harness.Settings) -> list[tuple[str, str, int]]:
     return order
 
 
+def _write_results(out_dir: Path, doc: dict[str, Any], s: harness.Settings) -> None:
+    """bench.json and bench.md of `doc` into `out_dir`."""
+    (out_dir / "bench.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out_dir / "bench.md").write_text(report.format_markdown(doc) if s.ulimit_headroom is None
+                                      else report.format_ulimit_markdown(doc))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Runs ``spindle bench``; returns the exit status."""
     args = parser().parse_args(argv)
     s = settings_from(args)
     text_out = sys.stderr if args.json else sys.stdout
+    # What the 'bench' extra brings, checked before any work: pillow makes and decodes the JPEGs
+    # of the jpeg workloads (no way around it); matplotlib only draws the plots, so without it
+    # the bench runs and says so; tqdm only draws the progress bar.
+    if any(w.startswith("jpeg") for w in s.workloads):
+        try:
+            require_extra("bench", ("PIL",), f"spindle bench's {'/'.join(w for w in s.workloads if w.startswith('jpeg'))} "
+                          "workload")
+        except MissingExtraError as e:
+            print(f"{e} (or --workload arrays, which needs none)", file=sys.stderr)
+            return 2
+    want_plots = not args.no_plot and s.ulimit_headroom is None
+    if want_plots and missing_modules(("matplotlib",)):
+        print("spindle bench: matplotlib is not installed, so no plots (the table, bench.json and bench.md are "
+              "written): pip install 'spindle[bench]'", file=sys.stderr)
+        want_plots = False
     if s.ulimit_headroom is not None and (os.geteuid() != 0 or shutil.which("setpriv") is None):
         print("spindle bench --ulimit needs root and setpriv (util-linux): it runs each loader as uid 65534; "
               "root itself is exempt from ulimit -u", file=sys.stderr)
@@ -170,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     staging = harness.Staging()
     runs: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    interrupted: Optional[str] = None
     try:
         skipped = harness.find_loaders(s, staging)
         s.loaders = tuple(x for x in s.loaders if x not in skipped)
@@ -185,6 +209,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 progress.step(f"{workload} {name} w={w}: " + (
                     f"{r['samples_per_s']:,.0f}/s" if r.get("outcome") == "completed" else r.get("outcome", "?")))
         progress.close()
+    except KeyboardInterrupt:  # the epochs measured so far are still written
+        interrupted = f"interrupted (Ctrl-C) after {len(runs)} epochs"
+        print(f"\nspindle bench: {interrupted}; writing what was measured", file=sys.stderr)
     finally:
         staging.close()
     rows = report.aggregate(runs)
@@ -196,15 +223,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     end_load = load_average()
     meta = (f"{info['nproc']} CPUs, load {info['load_average_at_start'][0]}->{end_load[0]}, "
             f"{info['date'][:16]}Z")
-    plots = [] if args.no_plot or s.ulimit_headroom is not None else report.plot(rows, out_dir, meta)
     doc = {"command": "spindle bench " + " ".join(argv if argv is not None else sys.argv[1:]),
            "settings": {k: v for k, v in vars(s).items()}, "machine": info,
            "load_average_at_end": end_load, "wall_s": round(time.time() - started, 1),
            "skipped": skipped, "results": rows, "advice": advice, "node_budget": budget,
-           "plots": [str(p) for p in plots], "runs": runs}
-    (out_dir / "bench.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    (out_dir / "bench.md").write_text(report.format_markdown(doc) if s.ulimit_headroom is None
-                                      else report.format_ulimit_markdown(doc))
+           "plots": [], "runs": runs}
+    if interrupted:
+        doc["interrupted"] = interrupted
+    # The measurements are on disk before anything that can still fail (the plots): bench.json is
+    # written again only to add the plots' names.
+    _write_results(out_dir, doc, s)
+    plots: list[Path] = []
+    if want_plots:
+        try:
+            plots = report.plot(rows, out_dir, meta)
+        except Exception as e:  # noqa: BLE001 - a plot never costs the results
+            print(f"spindle bench: no plots ({type(e).__name__}: {e}); the results are in {out_dir / 'bench.json'}",
+                  file=sys.stderr)
+        if plots:
+            doc["plots"] = [str(p) for p in plots]
+            _write_results(out_dir, doc, s)
     if s.ulimit_headroom is not None:
         text_out.write(report.format_ulimit_table(runs))
         if skipped:
@@ -218,4 +256,4 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         json.dump(doc, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
-    return 0
+    return 130 if interrupted else 0

@@ -89,8 +89,8 @@ def runner(P: dict[str, Any], ds: Any) -> Callable[[], Iterable[Any]]:
         mode = name.removeprefix("spindle-native-")
         return lambda: spindle.PipelineLoader(pipe, num_workers=w, shuffle=shuffle, seed=0, mode=mode,
                                       timeout=P["loader_timeout"])
-    if name in ("torch", "torchdata"):
-        if name == "torch":
+    if name in ("torch", "torch+PIL", "torchdata"):
+        if name != "torchdata":
             from torch.utils.data import DataLoader
         else:
             from torchdata.stateful_dataloader import StatefulDataLoader as DataLoader

@@ -40,6 +40,9 @@ LOADER_MODULES = {
     "spindle-native-processes": ("spindle",),
     "spindle-native-threads": ("spindle",),
     "torch": ("torch",),
+    # jpeg-native's torch row: torch has no image ops of its own (torchvision's decode is not
+    # installed with it), so its DataLoader runs the PIL dataset, and the row says so.
+    "torch+PIL": ("torch", "PIL"),
     "torchdata": ("torch", "torchdata.stateful_dataloader"),
     "grain": ("grain",),
     "grain+jax": ("grain", "jax"),
@@ -48,7 +51,7 @@ LOADER_MODULES = {
 }
 PYTHON_LOADERS = ("spindle", "spindle-torch", "spindle-grain", "spindle-grain+jax", "torch", "torchdata", "grain",
                   "grain+jax", "tf.data", "spdl")
-NATIVE_LOADERS = ("spindle-native-processes", "spindle-native-threads", "tf.data", "torch")
+NATIVE_LOADERS = ("spindle-native-processes", "spindle-native-threads", "tf.data", "torch+PIL")
 WORKLOAD_LOADERS = {"arrays": PYTHON_LOADERS, "jpeg-pil": PYTHON_LOADERS, "jpeg-native": NATIVE_LOADERS,
                     "dataset": PYTHON_LOADERS}
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import multiprocessing
 import numbers
+import operator
 import os
 import pickle
 import random
@@ -44,7 +45,12 @@ from functools import partial
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 import numpy as np
-import torch
+
+from .._extras import require_extra
+
+require_extra("torch", ("torch",), "spindle.torch")
+
+import torch  # noqa: E402 - after the check that names the extra
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import BatchSampler, IterableDataset, IterDataPipe, MapDataPipe, SequentialSampler
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
@@ -102,6 +108,7 @@ class DataLoader(Generic[_T_co]):
             drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
+        _check_counts(self._torch)
         self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
         self._close_on_drop: Optional[_core.CloseOnDrop] = None
@@ -209,7 +216,8 @@ class DataLoader(Generic[_T_co]):
         decode = self._decoder()
 
         def start() -> _core.Loader:
-            transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy())
+            transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy(),
+                                        batched_fetch=loader._auto_collation)
             workers_see = self._worker_dataset(dataset, self._spawns())
             # In order, batch k goes to worker k mod N, as torch sends it. Out of
             # order, torch gives a batch only to a worker with room (a slow worker
@@ -359,6 +367,15 @@ _PICKLE_ERROR_WORDS = (
     "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
     "to 'forkserver', which requires the worker Process arguments to be picklable. "
     "You can also try multiprocessing.set_start_method('fork').")
+
+
+def _check_counts(loader: Any) -> None:
+    """What torch's constructor accepts but its iterator then fails on, refused at construction with
+    the error torch raises there: a worker count or prefetch factor that is not an integer (2.5)
+    makes torch's ``range()`` raise TypeError "'float' object cannot be interpreted as an integer"."""
+    operator.index(loader.num_workers)
+    if loader.prefetch_factor is not None:
+        operator.index(loader.prefetch_factor)
 
 
 def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: Any, batch_sampler: Any,
@@ -529,6 +546,13 @@ class _Batches:
         keys = [i for b in batches for i in b]
         return cls(keys, np.cumsum([0] + [len(b) for b in batches], dtype=np.int64), _integer_order(keys))
 
+    @classmethod
+    def of_order(cls, order: np.ndarray, batch_size: int, drop_last: bool) -> "_Batches":
+        """An order of integer keys cut into runs of batch_size, as torch's BatchSampler cuts its sampler's."""
+        n = len(order) - len(order) % batch_size if drop_last else len(order)
+        keys = np.ascontiguousarray(order[:n], dtype=np.int64)
+        return cls(keys, np.append(np.arange(0, n, batch_size, dtype=np.int64), np.int64(n)), keys)
+
     def __len__(self) -> int:
         return len(self.starts) - 1
 
@@ -554,6 +578,12 @@ class _ByPosition:
 
     def __getitem__(self, position: int) -> Any:
         return self.dataset[self.keys[position]]
+
+    def __getattr__(self, name: str) -> Any:
+        # __getitems__ (a batched fetch, as torch's fetcher uses it) if the dataset has one.
+        if name == "__getitems__" and hasattr(self.dataset, "__getitems__"):
+            return lambda positions: self.dataset.__getitems__([self.keys[p] for p in positions])
+        raise AttributeError(name)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:

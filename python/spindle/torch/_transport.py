@@ -15,12 +15,22 @@ class CollatedBatches:
     samples, batch_size=None) runs `collate` in the worker and travels pickled
     in the slot (the slot grows to fit)."""
 
-    def __init__(self, collate: Callable[[list[Any]], Any], capacity: int, zero_copy: bool) -> None:
+    def __init__(self, collate: Callable[[list[Any]], Any], capacity: int, zero_copy: bool,
+                 batched_fetch: bool = False) -> None:
         self._collate = collate
         self._writer = SlotWriter(capacity) if zero_copy else None
+        self._batched_fetch = batched_fetch
 
     def read(self, ctx: Any, item: Any, dataset: Any) -> Optional[tuple[list[Any], list[int]]]:
-        """As ArrayBatches.read on the array path; otherwise every sample, for collate."""
+        """As ArrayBatches.read on the array path; otherwise every sample, for collate. A dataset
+        with ``__getitems__`` (a Hugging Face Dataset) is asked for the whole batch in one call, as
+        torch's fetcher asks it when batching (`batched_fetch`): its samples may differ from
+        ``dataset[i]``'s (HF gives float32 scalars there, float64 here)."""
+        if self._batched_fetch:
+            getitems = getattr(dataset, "__getitems__", None)
+            if getitems:
+                indices = list(item.indices)
+                return getitems(indices), indices
         if self._writer is None:
             return ctx.read_samples(item, dataset)
         return self._writer.read(ctx, item, dataset)
@@ -50,7 +60,6 @@ class CollatedBatches:
                     columns = Columns(samples, indices)
                 except laid_out:
                     columns = None
-                if columns is not None:
-                    writer.write_columns(ctx, item, columns)
-                    return
+                if columns is not None and writer.write_columns(ctx, item, columns):
+                    return  # else more fields than a slot's descriptor holds: collated and pickled
         ctx.put_bytes(item, pickle.dumps(self._collate(samples), protocol=pickle.HIGHEST_PROTOCOL))

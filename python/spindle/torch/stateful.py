@@ -1,33 +1,4 @@
-"""spindle.torch.StatefulDataLoader: torchdata's StatefulDataLoader on spindle's workers.
-
-    from spindle.torch import StatefulDataLoader   # was: from torchdata.stateful_dataloader import ...
-
-Same arguments (torch's plus ``snapshot_every_n_steps``), validated and turned
-into samplers by torchdata's own class (so ``shuffle=True`` uses torchdata's
-RandomSampler with its draws); ``state_dict()`` / ``load_state_dict()`` with
-torchdata's semantics: a state taken before ``iter()`` or mid-epoch resumes
-after the last batch handed out, one taken after an epoch ended starts the
-next, and ``load_state_dict({})`` is a no-op. Beyond torchdata:
-
-- the state is small and JSON-able (``json.dumps`` takes it), versioned, and
-  holds no worker snapshot: it is the epoch, the batches handed out, the base
-  seed and the states of the torch generators the sampler draws from, taken
-  at the start of the epoch. Resuming replays the epoch's sampler draws and
-  skips the batches already handed out;
-- a map-style dataset may resume with another ``num_workers`` (torchdata
-  refuses);
-- random draws in ``dataset[i]`` (``random``, numpy's global generator,
-  torch's CPU generator) are seeded per sample from (seed, epoch, index), so
-  they are the uninterrupted run's after resuming, whatever the worker count
-  (torchdata's workers restart their per-worker streams). This is the one
-  difference from torchdata's batches: augmentations are not torch's
-  per-worker streams.
-
-An IterableDataset resumes by reading its epoch again with the same seeds and
-dropping the batches already handed out (the same num_workers is needed: its
-batch order depends on it). With ``num_workers=0`` the loop is torchdata's
-own, and so is the state (with its tensors encoded for JSON).
-"""
+"""spindle.torch.StatefulDataLoader: torchdata's StatefulDataLoader on spindle's workers (see the class)."""
 
 from __future__ import annotations
 
@@ -37,9 +8,10 @@ from typing import Any, Optional
 import torch
 from torch.utils.data import IterableDataset
 
-from .._state.checkpoint import (EpochCell, Position, Progress, Reseeded, bytes_to_json, check_state, json_to_bytes,
-                                 new_state)
-from . import DataLoader
+from .._state.checkpoint import (EpochCell, Position, Progress, Reseeded, bytes_to_json, check_state, dataset_key,
+                                 json_to_bytes, new_state)
+from .._state.elastic import load_position, rank_part, resplits_json
+from . import DataLoader, _Batches
 
 __all__ = ["StatefulDataLoader"]
 
@@ -51,12 +23,41 @@ def _peer_class() -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader as peer
     except ImportError as exc:
         raise ImportError("spindle.torch.StatefulDataLoader is the drop-in for torchdata's StatefulDataLoader and "
-                          "builds its samplers with torchdata's class: pip install 'torchdata==0.11.*'") from exc
+                          "builds its samplers with torchdata's class: pip install 'spindle[torch]'") from exc
     return peer
 
 
 class StatefulDataLoader(DataLoader):
-    """``torchdata.stateful_dataloader.StatefulDataLoader`` with spindle's workers; see the module text."""
+    """``torchdata.stateful_dataloader.StatefulDataLoader`` with spindle's workers.
+
+        from spindle.torch import StatefulDataLoader   # was: from torchdata.stateful_dataloader import ...
+
+    Same arguments (torch's plus ``snapshot_every_n_steps``), validated and turned
+    into samplers by torchdata's own class (so ``shuffle=True`` uses torchdata's
+    RandomSampler with its draws); ``state_dict()`` / ``load_state_dict()`` with
+    torchdata's semantics: a state taken before ``iter()`` or mid-epoch resumes
+    after the last batch handed out, one taken after an epoch ended starts the
+    next, and ``load_state_dict({})`` is a no-op. Beyond torchdata:
+
+    - the state is small and JSON-able (``json.dumps`` takes it), versioned, and
+      holds no worker snapshot: it is the epoch, the batches handed out, the base
+      seed and the states of the torch generators the sampler draws from, taken
+      at the start of the epoch. Resuming replays the epoch's sampler draws and
+      skips the batches already handed out;
+    - a map-style dataset may resume with another ``num_workers`` (torchdata
+      refuses);
+    - random draws in ``dataset[i]`` (``random``, numpy's global generator,
+      torch's CPU generator) are seeded per sample from (seed, epoch, index), so
+      they are the uninterrupted run's after resuming, whatever the worker count
+      (torchdata's workers restart their per-worker streams). This is the one
+      difference from torchdata's batches: augmentations are not torch's
+      per-worker streams.
+
+    An IterableDataset resumes by reading its epoch again with the same seeds and
+    dropping the batches already handed out (the same num_workers is needed: its
+    batch order depends on it). With ``num_workers=0`` the loop is torchdata's
+    own, and so is the state (with its tensors encoded for JSON).
+    """
 
     def __init__(self, *args: Any, snapshot_every_n_steps: Optional[int] = 1, **kwargs: Any) -> None:
         object.__setattr__(self, "_peer", _peer_class())
@@ -69,10 +70,11 @@ class StatefulDataLoader(DataLoader):
         self._root_seed: Optional[int] = None  # the per-sample seeds' root: the first epoch's base seed
         self._epoch_cell = EpochCell()
         self._skip = 0  # batches the next epoch's iterator starts after (resuming)
+        self._resplits: tuple = ()  # the resumed epoch's earlier re-splits (an elastic resume)
 
     # --- the state ---------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands (JSON-able, versioned); see the module text for what resumes where."""
+        """Where the loader stands (JSON-able, versioned); the class text says what resumes where."""
         loader = self._torch
         if loader.num_workers == 0:
             return new_state(_FORMAT, torchdata=_to_json(loader.state_dict()))
@@ -85,17 +87,24 @@ class StatefulDataLoader(DataLoader):
             reuses = self.persistent_workers and self._runtime is not None
             return new_state(_FORMAT, epoch=self._epochs_begun, batches=0, finished=position is not None,
                              root_seed=self._root_seed, generators=generators, restarted=not reuses,
-                             base_seed=self._base_seed if reuses else None, **self._settings())
+                             base_seed=self._base_seed if reuses else None, resplits=[], **self._shard_setting(),
+                             **self._settings())
         if not loader.in_order:
             raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the batches "
                              "handed out are not a prefix of the epoch, so no position resumes it")
         return new_state(_FORMAT, epoch=position.epoch, batches=position.yielded, finished=False,
-                         root_seed=self._root_seed, **self._epoch_start, **self._settings())
+                         root_seed=self._root_seed, resplits=resplits_json(position.resplits), **self._epoch_start,
+                         **self._shard_setting(), **self._settings())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Makes the next ``iter()`` resume where the loader that saved `state` stood ({} does nothing)."""
+    def load_state_dict(self, state: Any) -> None:
+        """Makes the next ``iter()`` resume where the loader that saved `state` stood ({} does nothing).
+
+        With ``shard=``, `state` may come from another world size or rank (elastic resume,
+        docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
+        of every old rank's state; the rest of the epoch is re-split over this loader's world."""
         if state == {}:
             return
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
         loader = self._torch
         if loader.num_workers == 0:
             check_state(state, _FORMAT, {})
@@ -104,10 +113,27 @@ class StatefulDataLoader(DataLoader):
                                  "runs torchdata's own loop and reads only its states. Resume with num_workers >= 1.")
             loader.load_state_dict(_from_json(state["torchdata"]))
             return
-        if "torchdata" in state:
+        if any(isinstance(s, dict) and "torchdata" in s for s in states):
             raise ValueError("spindle: this state was saved with num_workers=0 (torchdata's own loop); resume it "
                              "with num_workers=0")
-        check_state(state, _FORMAT, self._settings())
+        if self._shard is None:
+            for one in states:
+                check_state(one, _FORMAT, {**self._settings(), **self._shard_setting()})
+            if len(states) != 1:
+                raise ValueError(f"spindle: load_state_dict got {len(states)} states; a loader without shard= "
+                                 "resumes from one")
+            resplits, skip = (), int(states[0]["batches"])
+        else:
+            settings = self._settings()
+            if any(isinstance(s, dict) and "shard_seed" not in s for s in states):
+                # version 1 did not record the sampler's seed: not checked for such a state
+                settings = {k: v for k, v in settings.items() if k not in ("shard_seed", "shuffle", "shard_drop_last")}
+            _, resplits, skip = load_position(state, _FORMAT, settings, self._shard, loader.sampler.drop_last,
+                                              loader.batch_size, self._global_order)
+        # The seeds and generator states: this rank's own state if given, else the first one.
+        mine = [s for s in states if s.get("shard") == self._shard_setting()["shard"]]
+        state = {**(mine or states)[0], "batches": skip, "resplits": resplits_json(resplits),
+                 **self._shard_setting()}
         self.close()  # persistent workers of an earlier position
         self._resume = json.loads(json.dumps(state))
         self._root_seed = state["root_seed"]
@@ -119,14 +145,29 @@ class StatefulDataLoader(DataLoader):
         loader = self._torch
         iterable = isinstance(loader.dataset, IterableDataset)
         settings: dict[str, Any] = dict(batch_size=loader.batch_size, drop_last=loader.drop_last,
-                                        sampler=type(loader.sampler).__name__,
-                                        shard=None if self._shard is None else [self._shard.rank,
-                                                                                self._shard.world_size])
+                                        sampler=type(loader.sampler).__name__, **dataset_key(loader.dataset))
         if iterable:  # a stream's batch order depends on the worker count
             settings["num_workers"] = loader.num_workers
         else:
             settings["samples"] = len(loader.dataset)
+        if self._shard is not None:  # the DistributedSampler's order
+            settings.update(shard_seed=loader.sampler.seed, shuffle=loader.sampler.shuffle,
+                            shard_drop_last=loader.sampler.drop_last)
         return settings
+
+    def _shard_setting(self) -> dict[str, Any]:
+        return dict(shard=None if self._shard is None else [self._shard.rank, self._shard.world_size])
+
+    def _global_order(self, epoch: int) -> Any:
+        """Epoch `epoch`'s order of all samples as the shard's DistributedSampler draws it, before its cut."""
+        import numpy as np
+
+        sampler = self._torch.sampler
+        if not sampler.shuffle:
+            return np.arange(len(sampler.dataset))
+        generator = torch.Generator()
+        generator.manual_seed(sampler.seed + epoch)
+        return torch.randperm(len(sampler.dataset), generator=generator).numpy()
 
     def _owned_generators(self) -> dict[str, torch.Generator]:
         """The generators that only this loader draws from: `generator=`, and the sampler's own."""
@@ -205,6 +246,12 @@ class StatefulDataLoader(DataLoader):
             base_seed = self._base_seed = int(resume["base_seed"])  # the replayed epoch's (later reuses too)
         self._epoch_start["base_seed"] = base_seed
         self._skip = int(resume["batches"])
+        self._resplits = _resplits_of(resume)
+        if self._resplits:  # an elastic resume: this rank's part of what remained of the epoch
+            loader = self._torch
+            part = rank_part(self._global_order(self._epochs_begun - 1), self._resplits, self._shard,
+                             loader.sampler.drop_last)
+            batches = _Batches.of_order(part, loader.batch_size, loader.drop_last)
         return batches.skip(self._skip), base_seed
 
     def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
@@ -222,8 +269,15 @@ class StatefulDataLoader(DataLoader):
             for _ in range(skip):
                 if next(it, None) is None:
                     break
-        self._position = position = Position(self._epochs_begun - 1, skip)
+        resplits, self._resplits = self._resplits, ()
+        self._position = position = Position(self._epochs_begun - 1, skip, resplits)
         return Progress(it, position)
+
+
+def _resplits_of(state: dict[str, Any]) -> tuple:
+    from .._state.elastic import Resplit
+
+    return tuple(Resplit(int(r["world_size"]), tuple(int(c) for c in r["consumed"])) for r in state.get("resplits") or ())
 
 
 def _byte_tensor(text: str) -> torch.Tensor:

@@ -108,6 +108,14 @@ class Batch {
     const std::size_t per_row = layout().row_bytes(i) / sizeof(T);
     return {reinterpret_cast<T*>(data_.data() + layout().offset(i)), per_row * count()};
   }
+  // Byte field i (FieldKind::kBytes: captions, JSON) as `count()` byte
+  // strings over the slot; throws if field i is not one, std::runtime_error
+  // if the worker's offsets leave the field's block.
+  BytesColumn bytes(std::size_t i) const {
+    if (kind() != PayloadKind::kArrays || i >= layout().num_fields())
+      check_field(i, 1);  // throws: no such field
+    return layout().bytes_column(data_, i, count());
+  }
   bool copied_out() const noexcept { return !owned_.empty(); }
 
  private:

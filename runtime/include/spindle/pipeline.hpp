@@ -1,23 +1,28 @@
 #pragma once
-// Pipeline: a native input pipeline — a source of encoded samples, decoding
-// and augmentation in C++ — producing batches of typed fields:
+// Pipeline: a native input pipeline — a source of samples, then per-sample
+// stages in C++ (stage.hpp: the built-ins and user-defined ones, in the
+// order given), then batching — producing batches of typed fields:
 //
 //   "image"  uint8 [H, W, 3] (or float32 [H, W, 3] / [3, H, W] after normalize)
 //   "label"  int64 []
+//   byte fields, one per kept WebDataset member ("txt", "json", ...) and per
+//            name a stage adds: one byte string per sample (SlotLayout's
+//            FieldKind::kBytes; Batch::bytes)
 //
-// It runs the same way in a forked worker (processes mode: a Loader with
+// It runs the same way in forked workers (processes mode: a Loader with
 // Launcher::fork(pipeline_worker(...))) and on the arena's threads in the
-// consumer (threads mode: Launcher::threads(pipeline_worker(...))), and gives the same bytes either way: every random draw
-// comes from Rng(seed, epoch, sample index), never from a stream that depends
-// on which worker or thread ran the sample, or in what order.
+// consumer (threads mode: Launcher::threads(pipeline_worker(...))), and gives
+// the same bytes either way: every random draw comes from Rng(seed, epoch,
+// sample index), never from a stream that depends on which worker or thread
+// ran the sample, or in what order.
 //
-// The ops run in one fixed order: decode, then a crop (random-resized or
-// center) fused into the decode when it follows it directly, then resize,
-// flip, normalize. A sample that cannot be read or decoded fails its batch
-// with the file (or shard and key) and the decoder's message; with
-// on_error=kSkip it is replaced by the next good sample of its batch's
-// neighbourhood and counted, and the loader raises once skips exceed
-// max_skip_ratio of the samples seen.
+// A sample that cannot be read or decoded fails its batch with the file (or
+// shard and key) and the decoder's message; with on_error=kSkip it is replaced
+// by the next good sample of its batch's neighbourhood (a stream: dropped) and
+// counted, and the loader raises once skips exceed max_skip_ratio of the
+// samples seen. A batch whose byte fields do not fit their room in the slot
+// (bytes_per_sample x batch size) fails naming the field, the sample and the
+// bytes_per_sample that would fit, whatever on_error says (nothing is cut).
 
 #include <array>
 #include <cstdint>
@@ -29,6 +34,7 @@
 
 #include <spindle/ops/image_ops.hpp>
 #include <spindle/slot_layout.hpp>
+#include <spindle/stage.hpp>
 #include <spindle/worker_context.hpp>
 
 namespace spindle {
@@ -41,31 +47,27 @@ struct PipelineOptions {
   // sample's jpg/jpeg/png member, the label its cls (or json "label").
   // Worker w reads shards w, w + N, ... (webdataset's split_by_worker).
   std::vector<std::string> webdataset;
+  // WebDataset members passed through as byte fields of these names ("txt",
+  // "json"): a sample without one fails naming the shard and key.
+  std::vector<std::string> keep;
 
-  bool decode = false;  // encoded bytes -> RGB uint8 (needed for image folders)
-  struct RandomResizedCrop {
-    int size = 224;
-    std::pair<double, double> scale{0.08, 1.0};
-    std::pair<double, double> ratio{3.0 / 4.0, 4.0 / 3.0};
-  };
-  std::optional<RandomResizedCrop> random_resized_crop;
-  std::optional<int> resize_shorter;  // torchvision Resize(int): shorter side to this, keeping the aspect
-  std::optional<int> center_crop;     // torchvision CenterCrop(int)
-  double flip_probability = 0.0;      // horizontal flip
-  std::optional<std::pair<std::array<float, 3>, std::array<float, 3>>> normalize;  // mean, std (of x/255)
-  bool chw = false;                   // with normalize: [3, H, W] instead of [H, W, 3]
+  // The per-sample stages, in order (stage.hpp): stages::decode(), crops,
+  // user_stage(...), ...; validated when the Pipeline is built.
+  std::vector<Stage> stages;
+
+  // Room for each byte field in a batch's slot: bytes_per_sample x the batch
+  // size (a long caption may use a short one's share).
+  uint64_t bytes_per_sample = 4096;
 
   enum class OnError { kRaise, kSkip } on_error = OnError::kRaise;
   double max_skip_ratio = 0.05;
 };
 
-// A sample's identity in errors: `origin` for the message ("sample 3
-// (root/cls/a.jpg)", "shard.tar:key"), `path` and `key` for DecodeError /
-// DataError's fields (the file or shard; the WebDataset key, empty otherwise).
-struct SampleId {
-  std::string origin;
-  std::string path;
-  std::string key;
+// The byte fields of one batch's rows while it is filled (they reach the slot
+// all at once, after skipped rows are replaced: SlotLayout::put_bytes).
+struct BatchBytes {
+  std::vector<std::vector<std::vector<std::byte>>> rows;  // [byte field][row]
+  std::vector<std::string> origins;                       // [row]: the sample, for errors
 };
 
 class Pipeline {
@@ -78,42 +80,55 @@ class Pipeline {
   std::size_t size() const noexcept;  // samples in the source (0 for a stream)
   bool streaming() const noexcept;    // WebDataset: read by shard, not by index
   const PipelineOptions& options() const noexcept { return options_; }
-  // The batch's fields for up to `capacity` samples: image, label.
+  // The batch's fields for up to `capacity` samples: image, label, then the
+  // byte fields (FieldKind::kBytes) in the order of field_names().
   SlotLayout layout(uint32_t capacity) const;
+  // "image", "label", then the byte fields' names.
+  const std::vector<std::string>& field_names() const noexcept;
 
   // Produces sample `index` of epoch `epoch` into row `row` of a payload laid
-  // out by layout(). Throws spindle::DecodeError / DataError (with the
-  // sample's path and key) on bad input (the caller decides: fail or skip).
+  // out by layout() (its byte fields into `bytes`, row `row`). Throws
+  // spindle::DecodeError / DataError (with the sample's path and key) on bad
+  // input (the caller decides: fail or skip).
   void produce(int64_t index, uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
-               std::size_t row) const;
-  // The same for encoded bytes already read (a stream's sample); `draw` names
-  // the sample for its random draws, `id` names it in errors.
-  void produce_encoded(std::span<const std::byte> encoded, int64_t label, const SampleId& id, uint64_t draw,
-                       uint64_t seed, uint64_t epoch, const SlotLayout& layout, std::span<std::byte> payload,
-                       std::size_t row) const;
+               std::size_t row, BatchBytes& bytes) const;
+  // The same for a sample already read (a stream's: encoded bytes, label and
+  // byte fields in `sample`); `draw` names the sample for its random draws.
+  void produce_read(Sample& sample, uint64_t draw, uint64_t seed, uint64_t epoch, const SlotLayout& layout,
+                    std::span<std::byte> payload, std::size_t row, BatchBytes& bytes) const;
+  // Writes the byte fields of rows [0, count) into the payload; throws
+  // std::length_error naming the field, the first sample that does not fit
+  // and the bytes_per_sample that would.
+  void put_bytes(const SlotLayout& layout, std::span<std::byte> payload, const BatchBytes& bytes,
+                 std::size_t count) const;
   // The WebDataset source (streaming() only).
   const class WebDataset& webdataset() const;
 
  private:
-  void finish(ops::Image img, int64_t label, ops::Rng& rng, const SlotLayout& layout, std::span<std::byte> payload,
-              std::size_t row) const;
+  void run_stages(Sample& sample, ops::Rng& rng, const SlotLayout& layout, std::span<std::byte> payload,
+                  std::size_t row, BatchBytes& bytes) const;
   struct Impl;
   PipelineOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 
-// What fill_batch skipped (on_error=kSkip): how many samples, and the first
-// reason. The count travels in the batch's own field (SlotHeader::skipped,
+// What fill_batch skipped (on_error=kSkip): how many samples, and the
+// reasons of the first kMaxReasons (the warning names their files). The count travels in the batch's own field (SlotHeader::skipped,
 // Batch::skipped()); the consumer enforces max_skip_ratio on it
 // (LoaderOptions::max_skip_ratio).
 struct Skips {
+  static constexpr std::size_t kMaxReasons = 8;  // reasons kept per batch; the rest are counted
   std::size_t count = 0;
-  std::string first_reason;
+  std::vector<std::string> reasons;  // of the first kMaxReasons skipped samples, each naming its file
+  void add(std::string reason) {
+    if (count++ < kMaxReasons) reasons.push_back(std::move(reason));
+  }
 };
 
 // Fills rows of a batch: produce() for each index, applying on_error. With
 // kSkip a bad row becomes a copy of the nearest good row of the same batch;
 // throws the first error with kRaise, or if no row of the batch is good.
+// Byte fields are written after the rows are final (Pipeline::put_bytes).
 Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_t seed, uint64_t epoch,
                  const SlotLayout& layout, std::span<std::byte> payload);
 

@@ -9,6 +9,15 @@
 // samples is the first `count` rows of every block, so a short last batch
 // needs no second layout.
 //
+// A variable-length byte field (FieldKind::kBytes: captions, JSON; one byte
+// string per sample) is one block too: `capacity + 1` uint64 offsets, then, on
+// the next 64-byte line, a flat values buffer of the field's `value_bytes`.
+// Row r's bytes are values[offsets[r], offsets[r + 1]); offsets[0] is 0. The
+// worker writes the whole column at once (put_bytes) after its rows are final;
+// a batch whose values do not fit is refused with std::length_error (never
+// truncated); the consumer checks the offsets (bytes_column) before it makes a
+// view.
+//
 // Every slot has a fixed-size descriptor beside it (in the segment's
 // descriptor region, not in the payload), written by the worker that fills
 // the slot before it publishes kReady, read by the consumer after:
@@ -39,9 +48,28 @@ enum class PayloadKind : uint32_t {
   kBytes = 2,   // one opaque byte string (e.g. a pickled batch) of data_bytes
 };
 
+// What a field holds: one fixed-shape array per sample, or one byte string
+// per sample (of any length, the batch's together at most value_bytes).
+enum class FieldKind : uint32_t { kFixed = 0, kBytes = 1 };
+
 struct FieldSpec {
   std::string dtype;           // numpy array-interface type string: "<f4", "|u1", "|b1", ...
   std::vector<int64_t> shape;  // of one sample
+  FieldKind kind = FieldKind::kFixed;
+  uint64_t value_bytes = 0;    // kBytes: room for the values of a whole batch
+
+  // A variable-length byte field with room for `value_bytes` bytes per batch.
+  static FieldSpec bytes(uint64_t value_bytes) { return FieldSpec{"|u1", {}, FieldKind::kBytes, value_bytes}; }
+};
+
+// A byte field of one batch, as the consumer reads it (offsets checked).
+struct BytesColumn {
+  std::span<const uint64_t> offsets;  // count + 1 entries, offsets[0] == 0, non-decreasing
+  std::span<const std::byte> values;  // offsets[count] bytes
+  std::size_t size() const noexcept { return offsets.empty() ? 0 : offsets.size() - 1; }
+  std::span<const std::byte> operator[](std::size_t row) const {
+    return values.subspan(offsets[row], offsets[row + 1] - offsets[row]);
+  }
 };
 
 class SlotLayout {
@@ -61,7 +89,9 @@ class SlotLayout {
   std::size_t num_fields() const noexcept { return fields_.size(); }
   const FieldSpec& field(std::size_t i) const { return fields_.at(i); }
   std::size_t itemsize(std::size_t i) const { return itemsize_.at(i); }
-  // Bytes of one sample of field i, and where its block starts in the payload.
+  bool is_bytes(std::size_t i) const { return fields_.at(i).kind == FieldKind::kBytes; }
+  // Bytes of one sample of field i (0 for a byte field), and where its block
+  // starts in the payload.
   uint64_t row_bytes(std::size_t i) const { return row_bytes_.at(i); }
   uint64_t offset(std::size_t i) const { return offsets_.at(i); }
   // Payload bytes a full batch needs.
@@ -75,6 +105,16 @@ class SlotLayout {
     check_view(payload.size(), i, sizeof(T));
     return {reinterpret_cast<T*>(payload.data() + offsets_[i]), row_bytes_[i] / sizeof(T) * capacity_};
   }
+
+  // Byte field i: writes `rows` (one byte string per sample, in row order) as
+  // its offsets and values. Throws std::length_error naming the field, the
+  // first row that does not fit and the bytes needed if the values exceed the
+  // field's value_bytes (nothing is truncated); std::invalid_argument if i is
+  // not a byte field or there are more rows than capacity().
+  void put_bytes(std::span<std::byte> payload, std::size_t i, std::span<const std::span<const std::byte>> rows) const;
+  // Byte field i of a batch of `count` rows, its offsets checked against the
+  // layout (std::runtime_error if a worker wrote offsets that leave the block).
+  BytesColumn bytes_column(std::span<const std::byte> payload, std::size_t i, std::size_t count) const;
 
   // Item size of a numpy type string ("<f4" -> 4); throws std::invalid_argument
   // for anything that is not a plain fixed-size numeric/bool type.
@@ -105,7 +145,7 @@ struct SlotDescriptor {
 struct FieldRecord {
   char dtype[8] = {};         // NUL-padded numpy type string
   uint32_t ndim = 0;
-  uint32_t reserved_ = 0;
+  uint32_t kind = 0;          // FieldKind; kBytes: ndim 0 and shape[0] = value_bytes
   int64_t shape[SlotLayout::kMaxDims] = {};
   uint64_t offset = 0;
   uint64_t row_bytes = 0;
