@@ -11,7 +11,7 @@ CMAKE := $(VENV)/bin/cmake
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
 	python3-dev python3-venv python3-numpy util-linux procps \
-	libjpeg62-turbo-dev libspng-dev pkg-config $(FUZZ_APT_PACKAGES)
+	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
 	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets
@@ -172,10 +172,12 @@ build/fuzz/.deps-ok: Makefile
 build/fuzz/batch_ring_fuzz: runtime/src/batch_ring.cpp runtime/src/slot_layout.cpp runtime/src/error.cpp
 build/fuzz/slot_layout_fuzz: runtime/src/slot_layout.cpp runtime/src/error.cpp
 build/fuzz/tar_reader_fuzz: runtime/src/sources/tar_reader.cpp runtime/src/sources/web_dataset.cpp runtime/src/sources/io_util.cpp runtime/src/error.cpp
-build/fuzz/image_decode_fuzz: runtime/src/ops/decode.cpp runtime/src/ops/resample.cpp runtime/src/ops/transforms.cpp \
-	runtime/src/error.cpp
+build/fuzz/image_decode_fuzz: runtime/src/ops/decode.cpp runtime/src/ops/decode_formats.cpp runtime/src/ops/resample.cpp \
+	runtime/src/ops/transforms.cpp runtime/src/error.cpp
 # Libraries a target links beyond the sanitizer runtimes.
-build/fuzz/image_decode_fuzz: FUZZ_LDLIBS := -ljpeg -lspng
+build/fuzz/image_decode_fuzz: FUZZ_LDLIBS := -ljpeg -lspng -lwebp -ltiff
+# stb_image.h (Debian libstb-dev) is compiled into decode_formats.cpp.
+build/fuzz/image_decode_fuzz: FUZZ_CXXFLAGS += -I/usr/include/stb
 
 $(FUZZ_BINS): build/fuzz/%: tests/fuzz/%.cpp $(FUZZ_HEADERS) build/fuzz/.deps-ok
 	$(CLANGXX) $(FUZZ_CXXFLAGS) $(filter %.cpp,$^) -o $@ $(FUZZ_LDLIBS)

@@ -2,6 +2,7 @@
 
     make bench-peers                                     # the peers' venv, then this, under the bench lock
     .venv-peers/bin/python bench/python/native_bench.py  # writes bench/results/native.json
+    .venv-peers/bin/python bench/python/native_bench.py --recipe jitter --out native-jitter
 
 Workload (issue "native pipelines"): an ImageNet-like folder generated here
 without network (JPEG q90, sides of 300-500 px, 10 classes; cached under
@@ -28,6 +29,15 @@ alternating rounds; medians are reported:
   when shrinking: antialiased) + hflip, then batches of 64 stacked with numpy.
 * ``spindle processes`` / ``spindle threads``: spindle.PipelineLoader over
   spindle.pipeline.image_folder(...).decode().random_resized_crop(224).random_flip().
+
+``--recipe jitter`` adds the colour augmentation of the ImageNet recipe after the
+flip, ColorJitter(0.4, 0.4, 0.4, 0.1) then RandomGrayscale(0.1): torchvision's own
+transforms for torch+PIL (on PIL images) and torchvision.io+v2 (v2, on uint8
+tensors); spindle's color_jitter(0.4, 0.4, 0.4, 0.1).random_grayscale(0.1). tf.data
+and SPDL have no ColorJitter; they get the same four adjustments with factors
+drawn from the same ranges in their own terms (tf.image.adjust_* in a fixed order,
+grayscale with p 0.1; FFmpeg's eq and hue filters), the same work, not the same
+pixels.
 
 A peer that does not import is skipped with the reason (never estimated).
 The physical limit is cores x one thread's rate of the same fused decode on
@@ -56,6 +66,9 @@ from spindle.bench.workloads import PilJpegFolder, folder_samples, make_image_fo
 
 SIZE = 224
 BATCH = 64
+RECIPE = "rrc"  # or "jitter" (--recipe): + ColorJitter(0.4, 0.4, 0.4, 0.1) + RandomGrayscale(0.1)
+JITTER = (0.4, 0.4, 0.4, 0.1)
+GRAY_P = 0.1
 
 
 def run_epoch(make, max_samples: int) -> tuple[float, int]:
@@ -89,7 +102,10 @@ def run_epoch(make, max_samples: int) -> tuple[float, int]:
 def spindle_pipeline(root: Path):
     from spindle import pipeline as sp
 
-    return sp.image_folder(root).decode().random_resized_crop(SIZE).random_flip().batch(BATCH)
+    pipe = sp.image_folder(root).decode().random_resized_crop(SIZE).random_flip()
+    if RECIPE == "jitter":
+        pipe = pipe.color_jitter(*JITTER).random_grayscale(GRAY_P)
+    return pipe.batch(BATCH)
 
 
 def torch_pil(root: Path, workers: int):
@@ -100,8 +116,10 @@ def torch_pil(root: Path, workers: int):
     except Exception:  # noqa: BLE001 - torchvision absent or broken: the same ops with PIL
         dataset = PilJpegFolder(root)
     else:
+        colour = [transforms.ColorJitter(*JITTER), transforms.RandomGrayscale(GRAY_P)] if RECIPE == "jitter" else []
         dataset = datasets.ImageFolder(str(root), transform=transforms.Compose(
-            [transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]))
+            [transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(), *colour,
+             transforms.PILToTensor()]))
     return torch.utils.data.DataLoader(dataset, BATCH, shuffle=True, num_workers=workers)
 
 
@@ -112,7 +130,8 @@ class DecodeJpegFolder:
         from torchvision.transforms import v2
 
         self.samples = folder_samples(root)
-        self.transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
+        colour = [v2.ColorJitter(*JITTER), v2.RandomGrayscale(GRAY_P)] if RECIPE == "jitter" else []
+        self.transform = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip(), *colour])
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -145,6 +164,14 @@ def tf_data(root: Path, workers: int):
         window = tf.stack([begin[0], begin[1], size[0], size[1]])
         img = tf.image.decode_and_crop_jpeg(data, window, channels=3)
         img = tf.image.resize(img, (SIZE, SIZE), method="bilinear", antialias=True)
+        if RECIPE == "jitter":  # the four adjustments with factors from ColorJitter's ranges, fixed order
+            b, c, s, h = JITTER
+            img = img * tf.random.uniform([], 1 - b, 1 + b)
+            img = tf.image.adjust_contrast(img, tf.random.uniform([], 1 - c, 1 + c))
+            img = tf.image.adjust_saturation(img, tf.random.uniform([], 1 - s, 1 + s))
+            img = tf.image.adjust_hue(img / 255.0, tf.random.uniform([], -h, h)) * 255.0
+            img = tf.cond(tf.random.uniform([]) < GRAY_P,
+                          lambda: tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(img)), lambda: img)
         img = tf.image.random_flip_left_right(tf.cast(tf.round(tf.clip_by_value(img, 0, 255)), tf.uint8))
         return img, label
 
@@ -177,8 +204,15 @@ def spdl_pipeline(root: Path, workers: int):
                 break
         x, y, cw, ch = box
         flip = ",hflip" if random.random() < 0.5 else ""
+        colour = ""
+        if RECIPE == "jitter":  # FFmpeg's eq (brightness is additive there) and hue (degrees; s=0 is grayscale)
+            b, c, s, h = JITTER
+            colour = (f",eq=brightness={random.uniform(-b, b) / 2:.3f}:contrast={random.uniform(1 - c, 1 + c):.3f}"
+                      f":saturation={random.uniform(1 - s, 1 + s):.3f},hue=h={360 * random.uniform(-h, h):.1f}"
+                      + (":s=0" if random.random() < GRAY_P else ""))
         frames = spdl.io.decode_packets(
-            packets, filter_desc=f"crop={cw}:{ch}:{x}:{y},scale={SIZE}:{SIZE}:flags=bilinear{flip},format=pix_fmts=rgb24")
+            packets, filter_desc=f"crop={cw}:{ch}:{x}:{y},scale={SIZE}:{SIZE}:flags=bilinear{flip}{colour},"
+                                 "format=pix_fmts=rgb24")
         return spdl.io.to_numpy(spdl.io.convert_frames(frames)), label
 
     def stack(items):
@@ -235,7 +269,8 @@ def measure(name: str, args) -> dict:
     import json
     import subprocess
 
-    cmd = [sys.executable, __file__, "--child", name, "--root", args.root, "--workers", str(args.workers),
+    cmd = [sys.executable, __file__, "--child", name, "--recipe", args.recipe, "--root", args.root,
+           "--workers", str(args.workers),
            "--samples", str(args.samples if name != "one thread" else args.samples // 2)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in proc.stdout.splitlines():
@@ -253,8 +288,12 @@ def main() -> int:
     parser.add_argument("--root", default="/tmp/spindle-bench-imagenet")
     parser.add_argument("--out", default="native")
     parser.add_argument("--only", nargs="*", help="measure only these loaders (names as in the table)")
+    parser.add_argument("--recipe", choices=["rrc", "jitter"], default="rrc",
+                        help="jitter: + ColorJitter(0.4, 0.4, 0.4, 0.1) + RandomGrayscale(0.1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global RECIPE
+    RECIPE = args.recipe
     if args.child:
         return child(args.child, Path(args.root), args.workers, args.samples)
 
@@ -266,7 +305,8 @@ def main() -> int:
     limit_one = statistics.median(r["rate"] for r in limit_runs)
     cores = len(os.sched_getaffinity(0))
     limit = cores * limit_one
-    print(f"one thread's fused decode+crop+resize+flip: {limit_one:,.0f} images/s; limit for {cores} cores: "
+    print(f"one thread's fused decode+crop+resize+flip{' + colour' if RECIPE == 'jitter' else ''}: "
+          f"{limit_one:,.0f} images/s; limit for {cores} cores: "
           f"{limit:,.0f}", flush=True)
     rates: dict[str, list[float]] = {}
     peaks: dict[str, int] = {}
@@ -297,7 +337,9 @@ def main() -> int:
     for name, why in skipped.items():
         print(f"{name}: not measured: {why}")
     write_results(args.out, {"machine": machine_info(), "workload": f"{args.images} JPEGs q90 300-500 px, "
-                             f"decode + RRC {SIZE} + flip, batch {BATCH}, {args.workers} workers",
+                             f"decode + RRC {SIZE} + flip"
+                             + (" + ColorJitter(0.4, 0.4, 0.4, 0.1) + RandomGrayscale(0.1)" if RECIPE == "jitter" else "")
+                             + f", batch {BATCH}, {args.workers} workers",
                              "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
                              "load_average_before": load_before, "load_average_after_each_round": loads,
                              "one_thread_rate": limit_one, "one_thread_runs": [r["rate"] for r in limit_runs],

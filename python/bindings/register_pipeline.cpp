@@ -5,6 +5,7 @@
 #include <spindle/loader.hpp>
 #include <spindle/pipeline.hpp>
 
+#include "interop/color_args.hpp"
 #include "interop/convert.hpp"
 #include "interop/fork_protocol.hpp"
 #include "register.hpp"
@@ -30,6 +31,13 @@ void register_pipeline(py::module_& m) {
       .def_static("resize_shorter", &stages::resize_shorter, py::arg("shorter"))
       .def_static("resize", [size](Pair s) { return stages::resize(size(s)); }, py::arg("size"))
       .def_static("random_flip", &stages::random_flip, py::arg("p"))
+      .def_static(
+          "color_jitter",
+          [](const JitterArg& b, const JitterArg& c, const JitterArg& s, const JitterArg& h) {
+            return stages::color_jitter(jitter_of(b, c, s, h));
+          },
+          py::arg("brightness"), py::arg("contrast"), py::arg("saturation"), py::arg("hue"))
+      .def_static("random_grayscale", &stages::random_grayscale, py::arg("p"))
       .def_static("normalize", &stages::normalize, py::arg("mean"), py::arg("std"), py::arg("chw"));
 
   py::enum_<PipelineOptions::OnError>(m, "OnError")

@@ -59,7 +59,7 @@ class ShardIterator {
 void register_sources(py::module_& m) {
   py::class_<ImageFolder>(m, "ImageFolder",
                           "Images in the ImageNet layout root/<class>/<file>, ordered and labelled by "
-                          "torchvision.datasets.ImageFolder's rule (.jpg/.jpeg/.png only).")
+                          "torchvision.datasets.ImageFolder's rule (its IMG_EXTENSIONS: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case).")
       .def(py::init([](std::string root) {
              py::gil_scoped_release release;
              return std::make_unique<ImageFolder>(std::move(root));

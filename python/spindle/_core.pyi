@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_resized_crop_box', 'reserve_stopping', 'resize']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -454,7 +454,7 @@ class CloseOnDrop:
         ...
 class ImageFolder:
     """
-    Images in the ImageNet layout root/<class>/<file>, ordered and labelled by torchvision.datasets.ImageFolder's rule (.jpg/.jpeg/.png only).
+    Images in the ImageNet layout root/<class>/<file>, ordered and labelled by torchvision.datasets.ImageFolder's rule (its IMG_EXTENSIONS: .jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case).
     """
     def __init__(self, root: str) -> None:
         ...
@@ -551,6 +551,9 @@ class Stage:
     def center_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> Stage:
         ...
     @staticmethod
+    def color_jitter(brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> Stage:
+        ...
+    @staticmethod
     def decode() -> Stage:
         ...
     @staticmethod
@@ -558,6 +561,9 @@ class Stage:
         ...
     @staticmethod
     def random_flip(p: typing.SupportsFloat | typing.SupportsIndex) -> Stage:
+        ...
+    @staticmethod
+    def random_grayscale(p: typing.SupportsFloat | typing.SupportsIndex) -> Stage:
         ...
     @staticmethod
     def random_resized_crop(size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex], scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex], ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]) -> Stage:
@@ -734,6 +740,22 @@ class ProcessStatus:
         """
         Threads:
         """
+def adjust_brightness(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
+    """
+    torchvision adjust_brightness (tensor formula) of an (H, W, 3) copy.
+    """
+def adjust_contrast(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
+    """
+    torchvision adjust_contrast (tensor formula) of an (H, W, 3) copy.
+    """
+def adjust_hue(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
+    """
+    torchvision adjust_hue (tensor formula) of an (H, W, 3) copy.
+    """
+def adjust_saturation(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
+    """
+    torchvision adjust_saturation (tensor formula) of an (H, W, 3) copy.
+    """
 def arena_extra_threads() -> int:
     """
     Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.
@@ -744,11 +766,19 @@ def arm_parent_death(parent: typing.SupportsInt | typing.SupportsIndex, signal: 
     """
 def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
     """
-    CenterCrop's box (top, left, h, w), clamped to the image.
+    CenterCrop's box (top, left, h, w); it leaves an image smaller than the crop, as torchvision's pad-then-crop does.
     """
 def cgroup_pids_levels(pid: typing.SupportsInt | typing.SupportsIndex | None = None, *, proc_root: str = '/proc', cgroup_root: str = '/sys/fs/cgroup') -> list:
     """
     pids.max and pids.current of every level from the cgroup of pid (None: this process) up to the root (v2, or the v1 pids hierarchy, which wins), as dicts with path, max (None: no limit) and current; levels without both files are left out. ThreadBudget binds to the tightest of them.
+    """
+def color_jitter(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0) -> numpy.ndarray:
+    """
+    ColorJitter of an (H, W, 3) copy, its draw from (seed, epoch, index).
+    """
+def color_jitter_draw(seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0) -> tuple[tuple[int, int, int, int], float | None, float | None, float | None, float | None]:
+    """
+    ColorJitter.get_params from (seed, epoch, index): (order, brightness, contrast, saturation, hue).
     """
 def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int:
     """
@@ -756,7 +786,7 @@ def count_process_threads(pid: typing.SupportsInt | typing.SupportsIndex) -> int
     """
 def decode_image(data: typing_extensions.Buffer, crop: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex] | None = None) -> numpy.ndarray:
     """
-    Decodes a JPEG or PNG (crop (top, left, h, w), then resize to (h, w)) to an (H, W, 3) uint8 array.
+    Decodes a JPEG, PNG, WebP, TIFF, BMP or binary PPM/PGM (crop (top, left, h, w), zero-padded where it leaves the image, then resize to (h, w)) to an (H, W, 3) uint8 array.
     """
 def gather_rows(dst: typing_extensions.Buffer, rows: list, row_bytes: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
@@ -810,6 +840,10 @@ def process_threads(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root
     """
     (tid, name) of every thread of process pid, ascending by tid, the name from its comm; None if the process is gone. Threads that exit while it looks are left out.
     """
+def random_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], p: typing.SupportsFloat | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.ndarray, bool]:
+    """
+    RandomGrayscale(p) of an (H, W, 3) copy, its draw from (seed, epoch, index): (image, whether it was applied).
+    """
 def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, scale: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.08, 1.0), ratio: tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = (0.75, 1.3333333333333333)) -> tuple[int, int, int, int]:
     """
     torchvision RandomResizedCrop's box (top, left, h, w), drawn from (seed, epoch, index).
@@ -821,5 +855,9 @@ def reserve_stopping(tasks: typing.SupportsInt | typing.SupportsIndex) -> Ledger
 def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> numpy.ndarray:
     """
     PIL-equal antialiased bilinear resize of an (H, W, C) uint8 array.
+    """
+def rgb_to_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy.ndarray:
+    """
+    torchvision rgb_to_grayscale(num_output_channels=3) of an (H, W, 3) copy.
     """
 MIN_SLOT_BYTES: int = 65536

@@ -90,7 +90,11 @@ class DataLoader:
         dataset: supports ``len(dataset)`` and ``dataset[i]``; items are numpy
             arrays, numpy scalars, bool/int/float, or nested dicts, tuples,
             lists and namedtuples of them, with the same structure, shapes and
-            dtypes for every item of one batch (batches may differ).
+            dtypes for every item of one batch (batches may differ), with any
+            number of fields (beyond what a slot's descriptor holds, a batch
+            travels pickled: the same arrays, copied once more). An
+            iterable-style dataset (a stream) is refused with a TypeError:
+            ``spindle.torch.DataLoader`` takes one.
         batch_size: samples per batch.
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.

@@ -92,6 +92,15 @@ def _interval(value: Any, what: str, hi: float) -> tuple[float, float]:
     return lo_, hi_
 
 
+def _jitter_arg(value: Any, what: str) -> float | tuple[float, float]:
+    """A ColorJitter argument: a number or a (min, max) pair of numbers (their ranges: the C++ stage checks)."""
+    if _is_real(value):
+        return float(value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value):
+        return float(value[0]), float(value[1])
+    raise TypeError(f"{what} must be a number or a (min, max) pair of numbers, not {value!r}")
+
+
 def _triple(value: Any, what: str, positive: bool) -> tuple[float, float, float]:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3 or not all(
             _is_real(v) for v in value):
@@ -130,8 +139,8 @@ class Pipeline:
         return dataclasses.replace(self, stages=self.stages + ((name, args),))
 
     def decode(self) -> "Pipeline":
-        """Decodes JPEG/PNG files to RGB uint8 (fused with a random_resized_crop or center_crop
-        that directly follows it)."""
+        """Decodes JPEG, PNG, WebP, TIFF, BMP and PPM/PGM files to RGB uint8 (a JPEG fused with a
+        random_resized_crop or center_crop that directly follows it)."""
         return self._then("decode")
 
     def random_resized_crop(self, size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
@@ -157,6 +166,22 @@ class Pipeline:
     def random_flip(self, p: float = 0.5) -> "Pipeline":
         """Horizontal flip with probability p."""
         return self._then("random_flip", _real(p, "random_flip p", 0.0, 1.0))
+
+    def color_jitter(self, brightness: float | tuple[float, float] = 0.0, contrast: float | tuple[float, float] = 0.0,
+                     saturation: float | tuple[float, float] = 0.0, hue: float | tuple[float, float] = 0.0
+                     ) -> "Pipeline":
+        """torchvision ColorJitter: each argument a number v (factor uniform in [max(0, 1 - v), 1 + v];
+        hue in [-v, v]) or a (min, max) range (hue within [-0.5, 0.5]); 0 leaves that adjustment out.
+        The order of the four and their factors are drawn per sample; the pixels follow
+        torchvision's adjust_* formulas for uint8 tensors (docs/ops.md)."""
+        args = tuple(_jitter_arg(v, f"color_jitter {name}") for v, name in
+                     ((brightness, "brightness"), (contrast, "contrast"), (saturation, "saturation"), (hue, "hue")))
+        _core.Stage.color_jitter(*args)  # torchvision's range rules, owned by the C++ stage: checked now
+        return self._then("color_jitter", *args)
+
+    def random_grayscale(self, p: float = 0.1) -> "Pipeline":
+        """torchvision RandomGrayscale(p): with probability p, the image's grayscale in all 3 channels."""
+        return self._then("random_grayscale", _real(p, "random_grayscale p", 0.0, 1.0))
 
     def normalize(self, mean: Sequence[float], std: Sequence[float], layout: str = "HWC") -> "Pipeline":
         """float32 (x / 255 - mean) / std per channel; layout "HWC" or "CHW". The last stage that
@@ -212,8 +237,9 @@ def _path(value: Any, what: str) -> str:
 
 
 def image_folder(root: str | os.PathLike) -> Pipeline:
-    """Images in ImageNet layout: root/<class>/<file>.{jpg,jpeg,png}; the label is the class's
-    index among the sorted class folders (torchvision's ImageFolder rule)."""
+    """Images in ImageNet layout: root/<class>/<file> with one of torchvision's IMG_EXTENSIONS (.jpg .jpeg
+    .png .ppm .bmp .pgm .tif .tiff .webp, any case); the label is the class's index among the sorted
+    class folders (torchvision's ImageFolder rule)."""
     return Pipeline(("image_folder", _path(root, "image_folder root")))
 
 

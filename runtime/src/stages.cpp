@@ -154,6 +154,29 @@ Stage random_flip(double p) {
   return s;
 }
 
+Stage color_jitter(ops::ColorJitter jitter) {
+  // Ranges built by hand (not through ColorJitter's *_range functions) are checked the same way.
+  if (jitter.brightness) jitter.brightness = ops::ColorJitter::factor_range(*jitter.brightness, "brightness");
+  if (jitter.contrast) jitter.contrast = ops::ColorJitter::factor_range(*jitter.contrast, "contrast");
+  if (jitter.saturation) jitter.saturation = ops::ColorJitter::factor_range(*jitter.saturation, "saturation");
+  if (jitter.hue) jitter.hue = ops::ColorJitter::hue_range(*jitter.hue);
+  Stage s;
+  s.name = "color_jitter";
+  s.run = [jitter](Sample& x, ops::Rng& rng) {
+    ops::apply_color_jitter(x.image.pixels, ops::draw_color_jitter(jitter, rng));
+  };
+  return s;
+}
+
+Stage random_grayscale(double p) {
+  if (!(p >= 0 && p <= 1))
+    SPINDLE_THROW(std::invalid_argument, "spindle: random_grayscale needs 0 <= p <= 1, not " + std::to_string(p));
+  Stage s;
+  s.name = "random_grayscale";
+  s.run = [p](Sample& x, ops::Rng& rng) { ops::random_grayscale(x.image.pixels, p, rng); };
+  return s;
+}
+
 Stage normalize(std::array<float, 3> mean, std::array<float, 3> std, bool chw) {
   for (float v : std)
     if (!(v > 0)) SPINDLE_THROW(std::invalid_argument, "spindle: normalize needs std > 0");

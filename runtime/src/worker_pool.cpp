@@ -21,6 +21,8 @@
 #include <spindle/error.hpp>
 #include <spindle/zygote.hpp>
 
+#include "child_stdio.hpp"
+
 extern "C" char** environ;
 
 namespace spindle {
@@ -157,6 +159,7 @@ class ForkedWorkers final : public ChildProcesses {
     if (hooks_.before_fork) hooks_.before_fork();  // may refuse to fork (the interpreter has a signal to raise)
     pid_t pid = fork();
     if (pid == 0) {
+      detail::drop_inherited_stdio();
       procfs::die_with_process(parent_);  // with the consumer process, not the forking thread
       for (int fd : pidfds_)  // the earlier workers' handles are the consumer's business
         if (fd >= 0) close(fd);
@@ -169,7 +172,7 @@ class ForkedWorkers final : public ChildProcesses {
       } catch (...) {
         std::fprintf(stderr, "spindle: worker %d (pid %d) stopped by an unknown exception\n", w, getpid());
       }
-      std::fflush(nullptr);
+      detail::flush_own_stdio();
       _exit(rc);
     }
     const int err = errno;

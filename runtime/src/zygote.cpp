@@ -17,6 +17,8 @@
 #include <spindle/error.hpp>
 #include <spindle/thread_budget.hpp>
 
+#include "child_stdio.hpp"
+
 namespace spindle {
 namespace {
 
@@ -85,7 +87,7 @@ ssize_t recv_fd(int sock, Request& req, int& fd) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "spindle: worker %d (pid %d) stopped: %s\n", worker_id, getpid(), e.what());
   }
-  std::fflush(nullptr);
+  detail::flush_own_stdio();
   _exit(rc);
 }
 
@@ -157,6 +159,9 @@ Zygote::Zygote(std::map<std::string, WorkerMain> mains) {
   const pid_t consumer = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    // The zygote's workers are forked from it: nothing pending of the
+    // consumer's may reach them (child_stdio.hpp).
+    detail::drop_inherited_stdio();
     close(control[0]);
     close(events[0]);
     zygote_loop(mains, control[1], events[1], consumer);

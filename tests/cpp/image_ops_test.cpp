@@ -5,6 +5,7 @@
 #include <spindle/error.hpp>
 #include <spindle/ops/image_ops.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -217,12 +218,15 @@ TEST(ImageOps, RngIsCounterBased) {
   }
 }
 
-// Proves: center_crop_box rounds like torchvision and clamps a crop larger than the image.
+// Proves: center_crop_box rounds like torchvision and, for a crop larger than the image, starts at
+// -((crop - side) // 2) as torchvision's pad-then-crop does (per dimension).
 TEST(ImageOps, CenterCropBox) {
   const CropBox a = center_crop_box(375, 500, {224, 224});
   EXPECT_EQ(std::tie(a.top, a.left, a.height, a.width), std::make_tuple(76, 138, 224, 224));
   const CropBox b = center_crop_box(100, 80, {224, 224});
-  EXPECT_EQ(std::tie(b.top, b.left, b.height, b.width), std::make_tuple(0, 0, 100, 80));
+  EXPECT_EQ(std::tie(b.top, b.left, b.height, b.width), std::make_tuple(-62, -72, 224, 224));
+  const CropBox c = center_crop_box(100, 300, {225, 224});
+  EXPECT_EQ(std::tie(c.top, c.left, c.height, c.width), std::make_tuple(-62, 38, 225, 224));
 }
 
 // Proves: hflip mirrors each row and twice is the identity; normalize writes (x/255 - m)/s in HWC and CHW.
@@ -262,7 +266,7 @@ TEST(ImageOps, BadInputThrowsDecodeError) {
   expect_decode_error({}, "empty");
   const char text[] = "definitely not an image";
   expect_decode_error(Bytes(reinterpret_cast<const std::byte*>(text), reinterpret_cast<const std::byte*>(text) + 23),
-                      "not a JPEG or PNG");
+                      "not a JPEG, PNG, WebP, TIFF, BMP or PPM/PGM");
   expect_decode_error(Bytes(jpeg.begin(), jpeg.begin() + jpeg.size() / 2), "Premature end of JPEG file");
   expect_decode_error(Bytes(jpeg.begin(), jpeg.begin() + 3), "cannot decode JPEG");
   expect_decode_error(Bytes(png.begin(), png.begin() + png.size() / 2), "cannot decode PNG");
@@ -327,11 +331,17 @@ TEST(ImageOps, StartsNoThreads) {
   EXPECT_EQ(process_threads(), before);
 }
 
-// Proves: a crop outside the image or an empty size is misuse (std::invalid_argument), not a DecodeError.
+// Proves: an empty crop or an empty size is misuse (std::invalid_argument), not a DecodeError; a JPEG crop
+// leaving the image is zero-padded there (torchvision's pad-then-crop), its inside equal to the plain crop.
 TEST(ImageOps, MisuseThrowsInvalidArgument) {
   const Bytes jpeg = encode_jpeg(synthetic(50, 60, 12));
-  Image out;
-  EXPECT_THROW(decode(jpeg, CropBox{40, 0, 20, 10}, std::nullopt, out), std::invalid_argument);
+  Image out, inside;
+  EXPECT_THROW(decode(jpeg, CropBox{10, 0, 0, 10}, std::nullopt, out), std::invalid_argument);
+  decode(jpeg, CropBox{40, 0, 20, 10}, std::nullopt, out);
+  decode(jpeg, CropBox{40, 0, 10, 10}, std::nullopt, inside);
+  ASSERT_EQ(out.height, 20);
+  EXPECT_TRUE(std::equal(inside.pixels.begin(), inside.pixels.end(), out.pixels.begin()));
+  EXPECT_TRUE(std::all_of(out.pixels.begin() + 10 * 10 * 3, out.pixels.end(), [](uint8_t v) { return v == 0; }));
   EXPECT_THROW(decode(jpeg, std::nullopt, Size{0, 5}, out), std::invalid_argument);
   EXPECT_THROW(resize(Image{}, {2, 2}, out), std::invalid_argument);
 }

@@ -120,26 +120,33 @@ std::string npy_v1(const std::string& dict, const std::string& data) {
 
 }  // namespace
 
-// Proves: classes are the sorted subfolders (class index = position), samples are every .jpg/.jpeg/.png below
-// them (any case, nested folders too) in sorted(os.walk) then sorted(file) order, like torchvision's ImageFolder.
+// Proves: classes are the sorted subfolders (class index = position), samples are every file below them
+// with one of torchvision's IMG_EXTENSIONS (any case, nested folders too) in sorted(os.walk) then
+// sorted(file) order, like torchvision's ImageFolder; other suffixes (.txt, .gif) are not samples.
 TEST(ImageFolderTest, ClassIndexAndOrderFollowTorchvisionRule) {
   TempDir dir;
   const auto& r = dir.path();
   write_file(r / "dog" / "b.jpg", "dog-b");
   write_file(r / "dog" / "a.PNG", "dog-a");
   write_file(r / "dog" / "notes.txt", "skip");
+  write_file(r / "dog" / "anim.gif", "not in IMG_EXTENSIONS");
   write_file(r / "dog" / "sub" / "c.jpeg", "dog-sub-c");
   write_file(r / "dog" / "sub-a" / "d.jpg", "dog-sub-a-d");
   write_file(r / "Cat" / "z.jpg", "cat-z");
   write_file(r / "ant" / "x.JPEG", "ant-x");
+  for (const char* name : {"e.webp", "f.WebP", "g.bmp", "h.ppm", "i.pgm", "j.tif", "k.TIFF"})
+    write_file(r / "eel" / name, name);
   write_file(r / "readme.jpg", "top-level files are no class");
   ImageFolder f(r.string());
-  EXPECT_EQ(f.classes(), (std::vector<std::string>{"Cat", "ant", "dog"}));
-  ASSERT_EQ(f.size(), 6u);
+  EXPECT_EQ(f.classes(), (std::vector<std::string>{"Cat", "ant", "dog", "eel"}));
+  ASSERT_EQ(f.size(), 13u);
   const std::string root = r.string();
   const std::vector<std::pair<std::string, int64_t>> want = {
       {root + "/Cat/z.jpg", 0},      {root + "/ant/x.JPEG", 1},          {root + "/dog/a.PNG", 2},
-      {root + "/dog/b.jpg", 2},      {root + "/dog/sub/c.jpeg", 2},      {root + "/dog/sub-a/d.jpg", 2}};
+      {root + "/dog/b.jpg", 2},      {root + "/dog/sub/c.jpeg", 2},      {root + "/dog/sub-a/d.jpg", 2},
+      {root + "/eel/e.webp", 3},     {root + "/eel/f.WebP", 3},          {root + "/eel/g.bmp", 3},
+      {root + "/eel/h.ppm", 3},      {root + "/eel/i.pgm", 3},           {root + "/eel/j.tif", 3},
+      {root + "/eel/k.TIFF", 3}};
   for (std::size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(f.path(i), want[i].first) << i;
     EXPECT_EQ(f.label(i), want[i].second) << i;
@@ -148,7 +155,7 @@ TEST(ImageFolderTest, ClassIndexAndOrderFollowTorchvisionRule) {
   EXPECT_EQ(to_string(rec.data), "dog-sub-c");
   EXPECT_EQ(rec.label, 2);
   EXPECT_EQ(rec.origin, root + "/dog/sub/c.jpeg");
-  EXPECT_THROW(f.read(6), std::out_of_range);
+  EXPECT_THROW(f.read(13), std::out_of_range);
 }
 
 // Proves: a class folder without images and a root without class folders are DataErrors naming them; a missing

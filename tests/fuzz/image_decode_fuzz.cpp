@@ -5,7 +5,9 @@
 // reaches the DCT-scaled path for crops of 2x that and more); the rest is the
 // encoded image. Checked: every failure is spindle::DecodeError (anything else
 // escapes and libFuzzer reports it), a success has exactly the size asked for,
-// and ASan/UBSan see no bad access in libjpeg-turbo, libspng or our code.
+// and ASan/UBSan see no bad access in libjpeg-turbo, libspng, libwebp, libtiff,
+// stb_image (BMP, PPM/PGM) or our code. Center crops larger than the image
+// reach the zero-padded path.
 #include <spindle/error.hpp>
 #include <spindle/ops/image_ops.hpp>
 

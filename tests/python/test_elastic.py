@@ -78,7 +78,7 @@ def test_lock_step_resume_from_one_state_covers_the_epoch_for_every_world_size(s
                 assert all(np.array_equal(r, p) for r, p in zip(rest, old_parts(order, new, shard_drop, drop_last)))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)  # the same examples in every run (CI)
 @given(n=st.integers(1, 60), shuffle=st.booleans(), shard_drop=st.booleans(), drop_last=st.booleans(),
        worlds=st.lists(st.integers(1, 8), min_size=2, max_size=4), data=st.data())
 def test_resume_from_every_ranks_state_covers_the_epoch_through_several_resizes(n, shuffle, shard_drop, drop_last,

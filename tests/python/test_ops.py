@@ -268,11 +268,12 @@ def test_same_box_in_two_processes():
     assert list(reversed(here)) == [ops.random_resized_crop_box(375, 500, 42, 3, i) for i in reversed(range(200))]
 
 
-def test_center_crop_box_matches_torchvision_and_clamps():
-    """Proves: center_crop_box uses torchvision's round((H - h) / 2) and clamps a crop larger than the image."""
+def test_center_crop_box_matches_torchvision_and_pads():
+    """Proves: center_crop_box uses torchvision's round((H - h) / 2) and, for a crop larger than the image,
+    starts at -((h - H) // 2): torchvision's pad-then-crop."""
     assert ops.center_crop_box(375, 500, (224, 224)) == (int(round(151 / 2)), int(round(276 / 2)), 224, 224)
     assert ops.center_crop_box(101, 101, (50, 50)) == (int(round(51 / 2)), int(round(51 / 2)), 50, 50)
-    assert ops.center_crop_box(100, 80, (224, 224)) == (0, 0, 100, 80)
+    assert ops.center_crop_box(100, 80, (224, 224)) == (-(124 // 2), -(144 // 2), 224, 224)
 
 
 def test_hflip_and_normalize():
@@ -296,7 +297,7 @@ def bad_inputs():
     bad_crc[30] ^= 0xFF  # inside IHDR: its CRC no longer matches
     return {
         "zero-byte": (b"", "empty"),
-        "text": (b"hello, this is not an image at all", "not a JPEG or PNG"),
+        "text": (b"hello, this is not an image at all", "not a JPEG, PNG, WebP, TIFF, BMP or PPM/PGM"),
         "jpeg-magic-only": (good_jpeg[:3], "JPEG"),
         "truncated-jpeg-header": (good_jpeg[:100], "JPEG"),
         "truncated-jpeg-body": (good_jpeg[: len(good_jpeg) // 2], "Premature end"),
@@ -322,10 +323,10 @@ def test_bad_input_raises_decode_error(name, capfd):
 
 
 def test_misuse_raises_value_error(jpegs):
-    """Proves: a crop outside the image or a zero size is the caller's mistake: ValueError, not DecodeError."""
+    """Proves: an empty crop or a zero size is the caller's mistake: ValueError, not DecodeError."""
     h, w, data = jpegs[0]
-    with pytest.raises(ValueError, match="leaves the"):
-        ops.decode_image(data, crop=(h - 10, 0, 20, 20))
+    with pytest.raises(ValueError, match="is empty"):
+        ops.decode_image(data, crop=(h - 10, 0, 0, 20))
     with pytest.raises(ValueError, match="must be positive"):
         ops.decode_image(data, size=(0, 10))
     with pytest.raises(ValueError):

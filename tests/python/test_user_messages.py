@@ -48,16 +48,17 @@ def test_a_decode_error_names_the_file_and_no_source_location(folder):
     assert not SOURCE_LOCATION.search(text), text
 
 
+@pytest.mark.parametrize("mode", ["processes", "threads"])
 @pytest.mark.parametrize("bad,listed", [(3, 3), (11, 8)])
-def test_skip_warning_names_every_skipped_file_or_the_first_eight_and_a_count(folder, bad, listed):
-    """Proves: with on_error='skip', the warning for a batch names each skipped file (3 of 3), or the first
-    8 and how many more (11: 8 named, 'and 3 more'), with no source location."""
+def test_skip_warning_names_every_skipped_file_or_the_first_eight_and_a_count(folder, bad, listed, mode):
+    """Proves: with on_error='skip' (processes and threads), the warning for a batch names each skipped
+    file (3 of 3), or the first 8 and how many more (11: 8 named, 'and 3 more'), with no source location."""
     root, add_bad = folder
     names = add_bad(bad)
     pipe = sp.image_folder(root).decode().center_crop(16).batch(32).on_error("skip", max_ratio=0.99)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        batches = list(spindle.PipelineLoader(pipe, num_workers=1, mode="processes"))
+        batches = list(spindle.PipelineLoader(pipe, num_workers=1, mode=mode))
     assert len(batches) == 1 and len(batches[0]["label"]) == 6 + bad
     texts = [str(w.message) for w in seen if "skipped" in str(w.message)]
     assert len(texts) == 1, texts

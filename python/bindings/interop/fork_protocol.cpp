@@ -14,6 +14,21 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+namespace {
+
+// A failed flush (a closed or broken stream) is the parent's to meet at its
+// own next write; it must not stop the fork.
+void flush_python_stdio() {
+  for (const char* name : {"stdout", "stderr"}) {
+    PyObject* stream = PySys_GetObject(name);  // borrowed
+    if (stream == nullptr || stream == Py_None) continue;
+    PyObject* r = PyObject_CallMethod(stream, "flush", nullptr);
+    if (r == nullptr) PyErr_Clear();
+    Py_XDECREF(r);
+  }
+}
+
+}  // namespace
 
 // The interpreter's own fork protocol: takes the import lock and the GIL's
 // internals around fork and re-initializes threading state in the child,
@@ -25,6 +40,12 @@ namespace spindle::python {
 // its exception printed and dropped (a Ctrl-C lost). A signal that arrives
 // meanwhile is delivered when the mask is restored; one already pending is
 // handled first, and its exception (KeyboardInterrupt) stops the start.
+//
+// sys.stdout and sys.stderr are flushed here, in the parent, before each fork
+// (as multiprocessing does before its forks): their buffers are Python objects
+// the child would otherwise inherit and flush again when its worker main ends,
+// repeating the parent's pending output once per worker. The runtime's own
+// forks drop the C stdio buffers a child inherits (runtime/src/child_stdio.hpp).
 ForkHooks interpreter_fork_hooks() {
   struct Masks {
     sigset_t blocked;  // what the hooks block (and unblock again): not what was blocked before
@@ -32,6 +53,7 @@ ForkHooks interpreter_fork_hooks() {
   auto masks = std::make_shared<Masks>();
   auto unblock = [masks] { pthread_sigmask(SIG_UNBLOCK, &masks->blocked, nullptr); };
   return ForkHooks{[masks] {
+                     flush_python_stdio();
                      sigset_t all, before;
                      sigfillset(&all);
                      for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS})

@@ -177,6 +177,9 @@ class Columns:
             elif kind in _PY_SCALARS:
                 if _PY_SCALARS[kind].str != dtype or not all(type(v) is kind for v in column):
                     return None
+            elif issubclass(kind, np.generic) and shape == ():  # numpy scalars of one type
+                if np.dtype(kind).str != dtype or not all(type(v) is kind for v in column):
+                    return None
             else:
                 return None
         return columns
@@ -210,6 +213,9 @@ class Columns:
         for dst, column, (dtype, shape) in zip(arrays, self.columns, self.fields):
             count = len(column)
             if type(column[0]) in _PY_SCALARS:  # checked: all of that type
+                dst[:count] = column
+                continue
+            if not shape:  # 0-d: numpy scalars (checked: all of this dtype), in one conversion
                 dst[:count] = column
                 continue
             if shape and all(type(v) is np.ndarray for v in column):

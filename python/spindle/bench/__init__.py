@@ -165,10 +165,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     # What the 'bench' extra brings, checked before any work: pillow makes and decodes the JPEGs
     # of the jpeg workloads (no way around it); matplotlib only draws the plots, so without it
     # the bench runs and says so; tqdm only draws the progress bar.
-    if any(w.startswith("jpeg") for w in s.workloads):
+    jpeg = [w for w in s.workloads if w.startswith("jpeg")]
+    if jpeg:
         try:
-            require_extra("bench", ("PIL",), f"spindle bench's {'/'.join(w for w in s.workloads if w.startswith('jpeg'))} "
-                          "workload")
+            require_extra("bench", ("PIL",), f"spindle bench's {'/'.join(jpeg)} workload")
         except MissingExtraError as e:
             print(f"{e} (or --workload arrays, which needs none)", file=sys.stderr)
             return 2
@@ -181,7 +181,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("spindle bench --ulimit needs root and setpriv (util-linux): it runs each loader as uid 65534; "
               "root itself is exempt from ulimit -u", file=sys.stderr)
         return 2
-    if any(w.startswith("jpeg") for w in s.workloads) and args.root is None:
+    out_dir = Path(args.out)
+    try:  # an --out that cannot be written fails now, not after the epochs
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"spindle bench: cannot write results to --out {out_dir}: {e}", file=sys.stderr)
+        return 2
+    if jpeg and args.root is None:
         from .workloads import make_image_folder
 
         print(f"image folder: {s.root} ({s.images} generated JPEGs)", file=sys.stderr, flush=True)
@@ -218,8 +224,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     budget = ({"budget": s.ulimit_headroom, "source": "--ulimit headroom"} if s.ulimit_headroom is not None
               else report.node_budget())
     advice = report.advice(rows, budget["budget"])
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     end_load = load_average()
     meta = (f"{info['nproc']} CPUs, load {info['load_average_at_start'][0]}->{end_load[0]}, "
             f"{info['date'][:16]}Z")

@@ -3,7 +3,7 @@
 //
 // | source       | layout on disk                              | access                         |
 // |--------------|---------------------------------------------|--------------------------------|
-// | ImageFolder  | root/<class>/<...>/<file>.{jpg,jpeg,png}    | map-style, read(i)             |
+// | ImageFolder  | root/<class>/<...>/<file>.<IMG_EXTENSIONS>  | map-style, read(i)             |
 // | ArraySource  | a .npy file (memory-mapped) or a buffer     | map-style, row(i), zero-copy   |
 // | WebDataset   | tar shards, members grouped by key          | streamed, one shard at a time  |
 //
@@ -45,10 +45,11 @@ struct Record {
 // are the subfolders of `root` (symlinks followed, hidden ones included),
 // sorted by name (bytewise, as Python sorts str); class index = position in
 // that list. Samples are every file below a class folder (recursively,
-// following symlinks) whose name ends in .jpg, .jpeg or .png (any case), in the
-// order of sorted(os.walk(class_dir)) then sorted(file names). Narrower than
-// torchvision's IMG_EXTENSIONS (no .ppm/.bmp/.pgm/.tif/.tiff/.webp): those are
-// the formats the native decoders read. A class with no image, or a root with
+// following symlinks) whose name ends in one of torchvision's IMG_EXTENSIONS
+// (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case), in the order of
+// sorted(os.walk(class_dir)) then sorted(file names); the decoders read every
+// one of those formats (a file they cannot read fails when it is decoded,
+// naming it). A class with no image, or a root with
 // no class folder, is a DataError (torchvision: FileNotFoundError).
 class ImageFolder {
  public:

@@ -135,6 +135,11 @@ Stage resize_shorter(int shorter);
 Stage resize(ops::Size size);
 // Horizontal flip with probability p (one draw per sample).
 Stage random_flip(double p = 0.5);
+// torchvision ColorJitter: the set adjustments (ops::ColorJitter's ranges) in
+// an order, with factors, drawn per sample from its Rng (ops::draw_color_jitter).
+Stage color_jitter(ops::ColorJitter jitter);
+// torchvision RandomGrayscale(p): the 3-channel grayscale with probability p (one draw).
+Stage random_grayscale(double p);
 // float32 (x / 255 - mean) / std per channel, [H, W, 3] or [3, H, W] (chw);
 // the last stage that touches the image.
 Stage normalize(std::array<float, 3> mean, std::array<float, 3> std, bool chw = false);

@@ -1,5 +1,6 @@
 // probe() and decode(): JPEG through libjpeg-turbo's libjpeg API (fused crop and
-// DCT-domain downscaling), PNG through libspng. docs/ops.md explains the choices.
+// DCT-domain downscaling), PNG through libspng, the other formats decoded whole
+// (decode_formats.cpp). docs/ops.md explains the choices.
 #include <spindle/error.hpp>
 #include <spindle/ops/image_ops.hpp>
 
@@ -14,6 +15,7 @@
 #include <jpeglib.h>
 #include <spng.h>
 
+#include "decode_formats.hpp"
 #include "resample.hpp"
 
 namespace spindle::ops {
@@ -28,18 +30,32 @@ bool starts_with(std::span<const std::byte> data, const unsigned char* magic, si
 }
 
 ImageInfo::Format sniff(std::span<const std::byte> data) {
-  if (starts_with(data, kJpegMagic, sizeof kJpegMagic)) return ImageInfo::Format::kJpeg;
-  if (starts_with(data, kPngMagic, sizeof kPngMagic)) return ImageInfo::Format::kPng;
+  using F = ImageInfo::Format;
+  if (starts_with(data, kJpegMagic, sizeof kJpegMagic)) return F::kJpeg;
+  if (starts_with(data, kPngMagic, sizeof kPngMagic)) return F::kPng;
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() >= 12 && std::memcmp(p, "RIFF", 4) == 0 && std::memcmp(p + 8, "WEBP", 4) == 0) return F::kWebp;
+  if (data.size() >= 4 && (std::memcmp(p, "II*\0", 4) == 0 || std::memcmp(p, "MM\0*", 4) == 0 ||
+                           std::memcmp(p, "II+\0", 4) == 0 || std::memcmp(p, "MM\0+", 4) == 0))
+    return F::kTiff;  // classic and BigTIFF, either byte order
+  if (data.size() >= 2 && p[0] == 'B' && p[1] == 'M') return F::kBmp;
+  if (data.size() >= 2 && p[0] == 'P' && p[1] >= '1' && p[1] <= '6') return F::kPnm;
   if (data.empty()) SPINDLE_THROW(DecodeError, "cannot decode image: the input is empty (0 bytes)");
   char head[3 * 8 + 1] = {};
   const size_t n = std::min<size_t>(data.size(), 8);
   for (size_t i = 0; i < n; ++i)
     std::snprintf(head + 3 * i, 4, "%02x ", static_cast<unsigned>(std::to_integer<unsigned char>(data[i])));
-  SPINDLE_THROW(DecodeError, "cannot decode image: not a JPEG or PNG (" + std::to_string(data.size()) +
-                                 " bytes starting " + std::string(head, 3 * n - 1) + ")");
+  SPINDLE_THROW(DecodeError, "cannot decode image: not a JPEG, PNG, WebP, TIFF, BMP or PPM/PGM (" +
+                                 std::to_string(data.size()) + " bytes starting " + std::string(head, 3 * n - 1) + ")");
 }
 
-void check_pixels(int64_t height, int64_t width, const char* format) {
+bool inside(const CropBox& b, int height, int width) {
+  return b.top >= 0 && b.left >= 0 && b.top <= height - b.height && b.left <= width - b.width;
+}
+
+}  // namespace
+
+void detail::check_pixels(int64_t height, int64_t width, const char* format) {
   if (height <= 0 || width <= 0)
     SPINDLE_THROW(DecodeError, std::string("cannot decode ") + format + ": empty image (" + std::to_string(height) +
                                    "x" + std::to_string(width) + ")");
@@ -48,6 +64,10 @@ void check_pixels(int64_t height, int64_t width, const char* format) {
                                    std::to_string(width) + " exceeds the limit of " +
                                    std::to_string(kMaxImagePixels) + " pixels (a decompression bomb?)");
 }
+
+namespace {
+
+using detail::check_pixels;
 
 CropBox checked_crop(const std::optional<CropBox>& crop, int height, int width) {
   if (!crop) return {0, 0, height, width};
@@ -124,12 +144,14 @@ class JpegDecoder {
     return info();
   }
 
-  void decode(std::span<const std::byte> data, const std::optional<CropBox>& crop, const std::optional<Size>& size,
+  // False (nothing decoded) when `crop` leaves the image: the caller pads.
+  bool decode(std::span<const std::byte> data, const std::optional<CropBox>& crop, const std::optional<Size>& size,
               Image& out) {
     if (setjmp(err_.jump)) fail();
     start(data);
     const ImageInfo in = info();
     check_pixels(in.height, in.width, "JPEG");
+    if (crop && !inside(*crop, in.height, in.width)) return false;
     const CropBox box = checked_crop(crop, in.height, in.width);
     const Region r = begin_region(box, size);
     const int comps = cinfo_.output_components;
@@ -160,19 +182,24 @@ class JpegDecoder {
       const Size target = size ? *size : Size{box.height, box.width};
       detail::resample(region.pixels.data(), region.height, region.width, 3, crop_in_region(box, r), target, out);
     }
+    return true;
   }
 
   // decode(crop, size) + hflip into `out`, the crop chosen by `plan` from the
   // header read once. The scanlines go straight into one reused buffer (rows
   // of the cropped scanline's width) and the resampler reads the crop's
   // columns from it in place: no row copies, no allocation once warm.
-  void decode_resized(std::span<const std::byte> data, const std::function<CropPlan(int, int)>& plan, Size size,
-                      std::span<uint8_t> out) {
+  // False (nothing decoded; the plan in `planned`) when the planned box
+  // leaves the image: the caller pads.
+  bool decode_resized(std::span<const std::byte> data, const std::function<CropPlan(int, int)>& plan, Size size,
+                      std::span<uint8_t> out, CropPlan& planned) {
     if (setjmp(err_.jump)) fail();
     start(data);
     const ImageInfo in = info();
     check_pixels(in.height, in.width, "JPEG");
     const CropPlan p = plan(in.height, in.width);
+    planned = p;
+    if (!inside(p.box, in.height, in.width)) return false;
     const CropBox box = checked_crop(p.box, in.height, in.width);
     const Region r = begin_region(box, size);
     const int comps = cinfo_.output_components;
@@ -199,6 +226,7 @@ class JpegDecoder {
       src_stride = static_cast<size_t>(width) * 3;
     }
     detail::resample_into(src, src_stride, rows, width, 3, crop_in_region(box, r), size, p.mirror, out.data());
+    return true;
   }
 
  private:
@@ -346,33 +374,18 @@ class PngDecoder {
     return {static_cast<int>(ihdr.height), static_cast<int>(ihdr.width), channels, ImageInfo::Format::kPng};
   }
 
-  void decode(const std::optional<CropBox>& crop, const std::optional<Size>& size, Image& out) {
+  // The whole image as RGB8: gray is replicated, the palette expanded, alpha
+  // dropped (PIL's convert("RGB")), 16-bit samples reduced to 8 bits by libspng.
+  void decode(Image& full) {
     const ImageInfo in = probe();
     check_pixels(in.height, in.width, "PNG");
-    const CropBox box = checked_crop(crop, in.height, in.width);
-    const bool whole = box.top == 0 && box.left == 0 && box.height == in.height && box.width == in.width;
-    Image& full = (whole && !size) ? out : full_;
     size_t bytes = 0;
-    // RGB8: gray is replicated, the palette expanded, alpha dropped (PIL's
-    // convert("RGB")), 16-bit samples reduced to 8 bits by libspng.
     check(spng_decoded_image_size(ctx_, SPNG_FMT_RGB8, &bytes), "sizing");
     full.height = in.height;
     full.width = in.width;
     full.channels = 3;
     full.pixels.resize(bytes);
     check(spng_decode_image(ctx_, full.pixels.data(), bytes, SPNG_FMT_RGB8, 0), "decoding");
-    if (whole && !size) return;
-    if (whole) {
-      detail::resample(full.pixels.data(), full.height, full.width, 3,
-                       {0, 0, static_cast<double>(in.height), static_cast<double>(in.width)}, *size, out);
-      return;
-    }
-    // PIL crops first, so its resize sees no pixels outside the crop: same here.
-    ops::crop(full, box, size ? cropped_ : out);
-    if (size) {
-      detail::resample(cropped_.pixels.data(), cropped_.height, cropped_.width, 3,
-                       {0, 0, static_cast<double>(box.height), static_cast<double>(box.width)}, *size, out);
-    }
   }
 
  private:
@@ -381,26 +394,85 @@ class PngDecoder {
   }
 
   spng_ctx* ctx_;
-  Image full_, cropped_;
 };
+
+// Every format but JPEG: the whole image, decoded into `full`.
+void decode_whole_image(ImageInfo::Format f, std::span<const std::byte> encoded, Image& full) {
+  if (f == ImageInfo::Format::kPng) {
+    PngDecoder(encoded).decode(full);
+    return;
+  }
+  detail::decode_whole(f, encoded, full);
+}
+
+// crop (padded where it leaves the image) + resize of a whole decoded image.
+// PIL crops first, so its resize sees no pixels outside the crop: same here.
+void finish_whole(Image& full, const std::optional<CropBox>& crop, const std::optional<Size>& size, Image& out) {
+  const bool whole = !crop || (crop->top == 0 && crop->left == 0 && crop->height == full.height &&
+                               crop->width == full.width);
+  if (whole && !size) {
+    std::swap(out, full);
+    return;
+  }
+  thread_local Image cropped;
+  const Image* src = &full;
+  if (!whole) {
+    ops::crop(full, *crop, cropped);
+    src = &cropped;
+  }
+  if (size) {
+    detail::resample(src->pixels.data(), src->height, src->width, 3,
+                     {0, 0, static_cast<double>(src->height), static_cast<double>(src->width)}, *size, out);
+  } else {
+    out = *src;
+  }
+}
+
+// A JPEG crop that leaves the image: the part inside decoded as usual, the rest
+// zeros (torchvision pads with fill 0, then crops), then the resize.
+void decode_jpeg_padded(std::span<const std::byte> encoded, const CropBox& box, const std::optional<Size>& size,
+                        Image& out) {
+  const ImageInfo in = local_jpeg_decoder().probe(encoded);
+  const int top = std::max(0, box.top), left = std::max(0, box.left);
+  const int bottom = std::min(in.height, box.top + box.height), right = std::min(in.width, box.left + box.width);
+  thread_local Image part, canvas;
+  canvas.height = box.height;
+  canvas.width = box.width;
+  canvas.channels = 3;
+  canvas.pixels.assign(static_cast<size_t>(box.height) * box.width * 3, 0);
+  if (bottom > top && right > left) {
+    local_jpeg_decoder().decode(encoded, CropBox{top, left, bottom - top, right - left}, std::nullopt, part);
+    const size_t row = static_cast<size_t>(part.width) * 3;
+    for (int y = 0; y < part.height; ++y)
+      std::memcpy(canvas.pixels.data() + (static_cast<size_t>(top - box.top + y) * box.width + (left - box.left)) * 3,
+                  part.pixels.data() + y * row, row);
+  }
+  finish_whole(canvas, std::nullopt, size, out);
+}
 
 }  // namespace
 
 ImageInfo probe(std::span<const std::byte> encoded) {
-  if (sniff(encoded) == ImageInfo::Format::kJpeg) return local_jpeg_decoder().probe(encoded);
-  PngDecoder dec(encoded);
-  return dec.probe();
+  const ImageInfo::Format f = sniff(encoded);
+  if (f == ImageInfo::Format::kJpeg) return local_jpeg_decoder().probe(encoded);
+  if (f == ImageInfo::Format::kPng) return PngDecoder(encoded).probe();
+  return detail::probe_whole(f, encoded);
 }
 
 void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& crop, const std::optional<Size>& size,
             Image& out) {
   check_size(size);
-  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
-    local_jpeg_decoder().decode(encoded, crop, size, out);
+  if (crop && (crop->height <= 0 || crop->width <= 0))
+    SPINDLE_THROW(std::invalid_argument, "decode: crop " + std::to_string(crop->height) + "x" +
+                                             std::to_string(crop->width) + " is empty");
+  const ImageInfo::Format f = sniff(encoded);
+  if (f == ImageInfo::Format::kJpeg) {
+    if (!local_jpeg_decoder().decode(encoded, crop, size, out)) decode_jpeg_padded(encoded, *crop, size, out);
     return;
   }
-  PngDecoder dec(encoded);
-  dec.decode(crop, size, out);
+  thread_local Image full;
+  decode_whole_image(f, encoded, full);
+  finish_whole(full, crop, size, out);
 }
 
 void decode_resized(std::span<const std::byte> encoded, const std::function<CropPlan(int height, int width)>& plan,
@@ -409,16 +481,19 @@ void decode_resized(std::span<const std::byte> encoded, const std::function<Crop
   if (out.size() != static_cast<size_t>(size.height) * size.width * 3)
     SPINDLE_THROW(std::invalid_argument, "decode_resized: out has " + std::to_string(out.size()) + " bytes, not " +
                                              std::to_string(static_cast<size_t>(size.height) * size.width * 3));
-  if (sniff(encoded) == ImageInfo::Format::kJpeg) {
-    local_jpeg_decoder().decode_resized(encoded, plan, size, out);
-    return;
-  }
-  // PNG: decode() then the flip and a copy (libspng decodes whole images anyway).
-  PngDecoder dec(encoded);
-  const ImageInfo in = dec.probe();
-  const CropPlan p = plan(in.height, in.width);
+  const ImageInfo::Format f = sniff(encoded);
   thread_local Image img;
-  dec.decode(p.box, size, img);
+  CropPlan p;
+  if (f == ImageInfo::Format::kJpeg) {
+    if (local_jpeg_decoder().decode_resized(encoded, plan, size, out, p)) return;
+    decode_jpeg_padded(encoded, p.box, size, img);  // the plan ran once; its box leaves the image
+  } else {
+    // Decoded whole anyway: decode, then crop + resize, the flip and a copy.
+    thread_local Image full;
+    decode_whole_image(f, encoded, full);
+    p = plan(full.height, full.width);
+    finish_whole(full, p.box, size, img);
+  }
   if (p.mirror) hflip(img);
   std::memcpy(out.data(), img.pixels.data(), out.size());
 }

@@ -94,9 +94,13 @@ CropBox center_crop_box(int height, int width, Size size) {
                                              std::to_string(width) + " and crop " + std::to_string(size.height) +
                                              "x" + std::to_string(size.width) + " must be positive");
   }
-  const int h = std::min(size.height, height), w = std::min(size.width, width);
-  return {static_cast<int>(std::nearbyint((height - h) / 2.0)), static_cast<int>(std::nearbyint((width - w) / 2.0)),
-          h, w};
+  // torchvision.transforms.functional.center_crop: a dimension the crop
+  // exceeds is first padded by (crop - side) // 2 before (and the rest after),
+  // which makes the crop's start there -((crop - side) // 2) in this image.
+  auto start = [](int side, int crop) {
+    return crop > side ? -((crop - side) / 2) : static_cast<int>(std::nearbyint((side - crop) / 2.0));
+  };
+  return {start(height, size.height), start(width, size.width), size.height, size.width};
 }
 
 void resize(const Image& in, Size size, Image& out) {
@@ -118,23 +122,32 @@ void resize(const Image& in, Size size, Image& out) {
 
 void crop(const Image& in, const CropBox& box, Image& out) {
   check_image(in, "crop");
-  if (box.top < 0 || box.left < 0 || box.height <= 0 || box.width <= 0 || box.top > in.height - box.height ||
-      box.left > in.width - box.width) {
-    SPINDLE_THROW(std::invalid_argument, "crop: box (top " + std::to_string(box.top) + ", left " +
-                                             std::to_string(box.left) + ", " + std::to_string(box.height) + "x" +
-                                             std::to_string(box.width) + ") is empty or leaves the " +
-                                             std::to_string(in.height) + "x" + std::to_string(in.width) + " image");
+  if (box.height <= 0 || box.width <= 0 || int64_t{box.height} * box.width > kMaxImagePixels) {
+    SPINDLE_THROW(std::invalid_argument, "crop: box " + std::to_string(box.height) + "x" + std::to_string(box.width) +
+                                             " must be positive and at most " + std::to_string(kMaxImagePixels) +
+                                             " pixels");
   }
   Image tmp;
   Image& dst = (&in == &out) ? tmp : out;
   dst.height = box.height;
   dst.width = box.width;
   dst.channels = in.channels;
-  dst.pixels.resize(static_cast<size_t>(box.height) * box.width * in.channels);
-  const size_t row = static_cast<size_t>(box.width) * in.channels;
-  for (int y = 0; y < box.height; ++y) {
-    std::memcpy(dst.pixels.data() + y * row,
-                in.pixels.data() + (static_cast<size_t>(box.top + y) * in.width + box.left) * in.channels, row);
+  const int c = in.channels;
+  // The part of the box inside the image; the rest is zeros.
+  const int y0 = std::max(0, box.top), y1 = std::min(in.height, box.top + box.height);
+  const int x0 = std::max(0, box.left), x1 = std::min(in.width, box.left + box.width);
+  const bool padded = y0 != box.top || x0 != box.left || y1 != box.top + box.height || x1 != box.left + box.width;
+  if (padded) {
+    dst.pixels.assign(static_cast<size_t>(box.height) * box.width * c, 0);
+  } else {
+    dst.pixels.resize(static_cast<size_t>(box.height) * box.width * c);
+  }
+  if (y1 > y0 && x1 > x0) {
+    const size_t row = static_cast<size_t>(x1 - x0) * c;
+    for (int y = y0; y < y1; ++y) {
+      std::memcpy(dst.pixels.data() + (static_cast<size_t>(y - box.top) * box.width + (x0 - box.left)) * c,
+                  in.pixels.data() + (static_cast<size_t>(y) * in.width + x0) * c, row);
+    }
   }
   if (&in == &out) out = std::move(tmp);
 }

@@ -18,9 +18,14 @@
 namespace spindle {
 namespace {
 
+constexpr const char* kExtensionList = ".jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp";
+
 bool is_image_name(const std::string& name) {
-  // Case-insensitive suffix test, like torchvision's has_file_allowed_extension.
-  static const char* const kExtensions[] = {".jpg", ".jpeg", ".png"};
+  // torchvision.datasets.folder.IMG_EXTENSIONS, with its case-insensitive
+  // suffix test (has_file_allowed_extension): every one is decoded
+  // (spindle/ops/image_ops.hpp), so the sample indices are torchvision's.
+  static const char* const kExtensions[] = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+                                            ".pgm", ".tif", ".tiff", ".webp"};
   for (const char* ext : kExtensions) {
     const std::size_t n = std::strlen(ext);
     if (name.size() < n) continue;
@@ -106,7 +111,7 @@ ImageFolder::ImageFolder(std::string root) : root_(std::move(root)) {
     std::string names;
     for (std::size_t k = 0; k < empty.size() && k < 10; ++k) names += (k ? ", " : "") + empty[k];
     if (empty.size() > 10) names += ", ... (" + std::to_string(empty.size()) + " in all)";
-    throw DataError("ImageFolder: no .jpg/.jpeg/.png file in class folder(s) " + names + " of '" + root_ +
+    throw DataError("ImageFolder: no image file (" + std::string(kExtensionList) + ") in class folder(s) " + names + " of '" + root_ +
                     "'; remove the folder or add images");
   }
 }

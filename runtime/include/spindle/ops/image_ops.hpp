@@ -1,19 +1,22 @@
 #pragma once
 // Image operations of native pipelines: decode (JPEG fused with its crop and
-// DCT-domain downscaling, PNG), the crop-box rules of torchvision's
+// DCT-domain downscaling; PNG, WebP, TIFF, BMP, PPM/PGM decoded whole), the crop-box rules of torchvision's
 // RandomResizedCrop and CenterCrop, PIL-compatible antialiased bilinear resize,
-// horizontal flip and normalization to float32.
+// horizontal flip, torchvision's ColorJitter and RandomGrayscale, and
+// normalization to float32.
 //
 // Every function is single-threaded, starts no threads, prints nothing and is
 // safe to call from many threads at once on different images. Bad input
 // (truncated, corrupt, empty, not an image) throws spindle::DecodeError with the
-// decoder's own message; misuse (a crop outside the image, a zero size, spans of
-// the wrong length) throws std::invalid_argument.
+// decoder's own message; misuse (an empty crop, a zero size, spans of the wrong
+// length) throws std::invalid_argument. A crop box that leaves the image is
+// padded with zeros there, as torchvision pads (fill 0) before it crops.
 //
 // What each op does, the tolerances and the design decisions: docs/ops.md.
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <optional>
 #include <span>
@@ -33,7 +36,8 @@ struct CropBox {
 
 struct ImageInfo {
   int height = 0, width = 0, channels = 0;  // channels as stored (1 gray, 3 RGB, 4 CMYK/RGBA, ...)
-  enum class Format { kJpeg, kPng } format = Format::kJpeg;
+  // By magic bytes, whatever the file's name: kPnm is binary PPM (P6) or PGM (P5).
+  enum class Format { kJpeg, kPng, kWebp, kTiff, kBmp, kPnm } format = Format::kJpeg;
 };
 
 // HWC uint8 RGB image owning its pixels (pixels.size() == height * width * channels).
@@ -72,7 +76,11 @@ inline constexpr int64_t kMaxImagePixels = 178956970;
 // domain by 1/2, 1/4 or 1/8 first (never below `size`), and the rest is done
 // by resize(). Without DCT scaling the pixels equal PIL's
 // Image.open().crop(box).resize(size, BILINEAR) exactly.
-// PNG: libspng decodes the whole image, then crop + resize.
+// PNG (libspng), WebP (libwebp), TIFF (libtiff, first page), BMP and binary
+// 8-bit PPM/PGM (stb_image): the whole image is decoded, then crop + resize.
+// The RGB pixels are those of PIL's Image.open().convert("RGB") (exactly for
+// lossless files; docs/ops.md has the cases). A crop that leaves the image is
+// padded with zeros where it does (then resized).
 void decode(std::span<const std::byte> encoded, const std::optional<CropBox>& crop,
             const std::optional<Size>& size, Image& out);
 
@@ -101,9 +109,10 @@ void decode_resized(std::span<const std::byte> encoded, const std::function<Crop
                                               std::pair<double, double> scale = {0.08, 1.0},
                                               std::pair<double, double> ratio = {3.0 / 4, 4.0 / 3});
 
-// torchvision CenterCrop's box (top = round((H - h) / 2), half-to-even). Where
-// torchvision pads a crop larger than the image with zeros, this clamps the
-// crop to the image instead (the box never leaves the image).
+// torchvision CenterCrop's box (top = round((H - h) / 2), half-to-even). A
+// crop larger than the image in a dimension leaves it there, as torchvision's
+// pad-then-crop does: top = -((h - H) / 2) (floor), so crop() and decode() of
+// this box give torchvision's zero-padded result exactly.
 [[nodiscard]] CropBox center_crop_box(int height, int width, Size size);
 
 // Antialiased bilinear resize, the algorithm of PIL's Image.resize(BILINEAR):
@@ -112,7 +121,8 @@ void decode_resized(std::span<const std::byte> encoded, const std::function<Crop
 // PIL's output (tests/python/test_ops.py checks it against the installed Pillow).
 void resize(const Image& in, Size size, Image& out);
 
-// Crops `box` out of `in` into `out` (copy).
+// Crops `box` out of `in` into `out` (copy); where the box leaves the image,
+// zeros (torchvision's pad with fill 0, then crop).
 void crop(const Image& in, const CropBox& box, Image& out);
 
 // Mirrors left-right in place.
@@ -123,5 +133,52 @@ void hflip(Image& img) noexcept;
 // `channels` entries.
 void normalize(const Image& in, std::span<const float> mean, std::span<const float> std, bool chw,
                std::span<float> out);
+
+// ---- colour (torchvision.transforms ColorJitter, RandomGrayscale) -----------
+//
+// On RGB uint8 pixels, HWC, in place (`rgb.size()` a multiple of 3), with
+// torchvision's tensor formulas (transforms.v2.functional.adjust_*, in float32,
+// truncated back to uint8): brightness x*f; contrast and saturation blend
+// f*x + (1-f)*g with g the mean (contrast) or the per-pixel value (saturation)
+// of the floored grayscale 0.2989 R + 0.587 G + 0.114 B; hue rotates H of
+// torchvision's HSV by f (in turns) and converts back with x*255.999. Within
+// one level of torchvision's tensors (its float32 sums may round differently
+// from these); PIL's ImageEnhance/HSV versions differ by a few levels
+// (docs/ops.md has the measured tolerances).
+void adjust_brightness(std::span<uint8_t> rgb, double factor);
+void adjust_contrast(std::span<uint8_t> rgb, double factor);
+void adjust_saturation(std::span<uint8_t> rgb, double factor);
+void adjust_hue(std::span<uint8_t> rgb, double factor);  // factor in [-0.5, 0.5]
+// torchvision rgb_to_grayscale(num_output_channels=3): the floored gray in all three channels.
+void rgb_to_grayscale(std::span<uint8_t> rgb);
+
+// ColorJitter's ranges; nullopt: that adjustment is never applied (torchvision's None).
+struct ColorJitter {
+  std::optional<std::pair<double, double>> brightness, contrast, saturation, hue;
+
+  // torchvision's constructor: a number v means [max(0, 1 - v), 1 + v] ([-v, v]
+  // for hue), a (min, max) pair is taken as given within the bounds ([0, inf),
+  // hue [-0.5, 0.5]); a range equal to the identity ({1, 1}, hue {0, 0})
+  // becomes nullopt. Throws std::invalid_argument with torchvision's rule.
+  static std::optional<std::pair<double, double>> brightness_range(double v);
+  static std::optional<std::pair<double, double>> factor_range(std::pair<double, double> range, const char* name);
+  static std::optional<std::pair<double, double>> hue_range(double v);
+  static std::optional<std::pair<double, double>> hue_range(std::pair<double, double> range);
+};
+
+// One sample's draw, ColorJitter.get_params: the order of the four
+// adjustments (a permutation of 0 brightness, 1 contrast, 2 saturation, 3 hue)
+// and a factor uniform in each range that is set, drawn from `rng` in that
+// sequence (permutation first, then b, c, s, h).
+struct ColorJitterDraw {
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::optional<double> brightness, contrast, saturation, hue;
+};
+[[nodiscard]] ColorJitterDraw draw_color_jitter(const ColorJitter& jitter, Rng& rng);
+// Applies a draw: the set adjustments, in its order.
+void apply_color_jitter(std::span<uint8_t> rgb, const ColorJitterDraw& draw);
+
+// RandomGrayscale(p): with probability p (rng.uniform() < p, one draw), rgb_to_grayscale. Returns whether.
+bool random_grayscale(std::span<uint8_t> rgb, double p, Rng& rng);
 
 }  // namespace spindle::ops
