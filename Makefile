@@ -96,12 +96,13 @@ peer-grain: install-py
 
 # PyTorch's own test/test_dataloader.py (in PyTorch's repository, never in this
 # one: TORCH_TEST_FILE=<its path>) with spindle.torch patched in every
-# interpreter; PEER_MODE=torch runs it unpatched, for the baseline. Counts are
-# in docs/torch_dropin.md.
+# interpreter; PEER_MODE=torch runs it unpatched, for the baseline;
+# PEER_START_METHOD=spawn sets that start method globally before the tests.
+# Counts are in docs/torch_dropin.md.
 peer-torch: install-py
 	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
 	$(PIP) install -q expecttest
-	tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
+	START_METHOD=$(PEER_START_METHOD) tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
 
 # --- the API reference: HTML from the docstrings (pdoc) into build/docs, not committed ---
 docs: install-py

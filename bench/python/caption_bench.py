@@ -11,7 +11,9 @@ of this script, imports done before its clock starts), in alternating rounds; me
 
 * ``webdataset+PIL``: torch's DataLoader over ``webdataset.WebDataset(shards).decode("pil")
   .to_tuple("jpg", "txt", "cls")`` with torchvision's RandomResizedCrop(224) (PIL bilinear,
-  antialiased), RandomHorizontalFlip and PILToTensor; the default collate (a list of captions).
+  antialiased), RandomHorizontalFlip and PILToTensor (where torchvision does not import, the
+  same ops written with PIL: crop + resize(224, BILINEAR) + flip); the default collate (a list
+  of captions).
   Shards are split by worker (webdataset's split_by_worker), as spindle splits them.
 * ``spindle threads`` / ``spindle processes``: spindle.PipelineLoader over
   ``spindle.pipeline.webdataset(shards, keep=("txt",)).decode().random_resized_crop(224)
@@ -65,16 +67,48 @@ def make_shards(folder: Path, out: Path, shards: int) -> list[str]:
     return paths
 
 
+def pil_rrc_flip(img):
+    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip on a PIL image, written with PIL
+    where torchvision does not import (its PIL path crops, then resizes BILINEAR)."""
+    import math
+    import random
+
+    from PIL import Image
+
+    w, h = img.size
+    box = (0, 0, w, h)
+    for _ in range(10):  # RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3)
+        target = w * h * random.uniform(0.08, 1.0)
+        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            top, left = random.randint(0, h - ch), random.randint(0, w - cw)
+            box = (left, top, left + cw, top + ch)
+            break
+    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=box)
+    if random.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(img)
+
+
 def webdataset_pil(shards: list[str], workers: int):
     import torch.utils.data
     import webdataset as wds
-    from torchvision import transforms
 
-    t = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
-                            transforms.PILToTensor()])
+    try:
+        from torchvision import transforms
+    except Exception:  # noqa: BLE001 - torchvision absent or broken: the same ops with PIL
+        t = pil_rrc_flip
+    else:
+        t = transforms.Compose([transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+                                transforms.PILToTensor()])
     dataset = (wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode("pil")
-               .to_tuple("jpg", "txt", "cls").map_tuple(t, lambda s: s, int))
+               .to_tuple("jpg", "txt", "cls").map_tuple(t, _same, int))
     return torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=workers)
+
+
+def _same(x):
+    return x
 
 
 def spindle_loader(shards: list[str], workers: int, mode: str):

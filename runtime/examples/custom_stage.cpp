@@ -140,7 +140,10 @@ int main(int argc, char** argv) {
   if (!npy.empty()) std::remove(npy.c_str());
 
   std::size_t longest = 0, shortest = 1 << 20;
-  for (const std::string& c : a.captions) longest = std::max(longest, c.size()), shortest = std::min(shortest, c.size());
+  for (const std::string& c : a.captions) {
+    longest = std::max(longest, c.size());
+    shortest = std::min(shortest, c.size());
+  }
   std::printf("%zu samples in %zu batches of [48, 64, 3] uint8 + captions of %zu-%zu bytes; first: \"%s\"; "
               "threads mode %s\n",
               a.captions.size(), a.images.size(), shortest, longest, a.captions.empty() ? "" : a.captions[0].c_str(),

@@ -195,7 +195,8 @@ void plan_stages(const PipelineOptions& o, const PipelineSource& source, Plan& i
     for (const std::string& name : s.adds_bytes) impl.byte_fields.push_back(name);
   }
   if (state == State::kEncoded)
-    SPINDLE_THROW(std::invalid_argument, "spindle: " + std::string(o.webdataset.empty() ? "an image folder" : "WebDataset shards") +
+    SPINDLE_THROW(std::invalid_argument, std::string("spindle: ") +
+                                             (o.webdataset.empty() ? "an image folder" : "WebDataset shards") +
                                              " hold encoded images: add decode() after the source");
   if (!size)
     SPINDLE_THROW(std::invalid_argument,
@@ -208,6 +209,13 @@ void plan_stages(const PipelineOptions& o, const PipelineSource& source, Plan& i
 }
 
 std::string size_text(int h, int w) { return std::to_string(h) + "x" + std::to_string(w); }
+
+// A pixel buffer per thread, handed from sample to sample: decoding (and a
+// fused crop followed by more stages or normalize) allocates nothing once warm.
+std::vector<uint8_t>& spare_pixels() {
+  thread_local std::vector<uint8_t> spare;
+  return spare;
+}
 
 DecodeError decode_error(const SampleId& id, const std::exception& e) {
   return DecodeError("spindle: cannot decode " + id.origin + ": " + e.what(), id.path, id.key);
@@ -301,6 +309,7 @@ void Pipeline::run_stages(Sample& x, ops::Rng& rng, const SlotLayout& layout, st
   const std::vector<Stage>& st = options_.stages;
   const std::size_t n = static_cast<std::size_t>(impl_->out_h) * impl_->out_w * 3;
   bool written = false;  // the image is in the slot already (a direct fused crop)
+  if (!x.decoded) x.image.pixels.swap(spare_pixels());  // decode into the thread's last buffer
   for (const Step& step : impl_->plan) {
     switch (step.op) {
       case Step::Op::kDecode:
@@ -331,10 +340,11 @@ void Pipeline::run_stages(Sample& x, ops::Rng& rng, const SlotLayout& layout, st
           dst = layout.view<uint8_t>(payload, 0).subspan(row * n, n);
           written = true;
         } else {
+          const std::size_t need = static_cast<std::size_t>(c.size.height) * c.size.width * 3;
           x.image.height = c.size.height;
           x.image.width = c.size.width;
           x.image.channels = 3;
-          x.image.pixels.resize(static_cast<std::size_t>(c.size.height) * c.size.width * 3);
+          x.image.pixels.resize(need);
           dst = x.image.pixels;
         }
         const double flip = step.flip ? step.flip->fused.p : 0.0;
@@ -387,6 +397,7 @@ void Pipeline::run_stages(Sample& x, ops::Rng& rng, const SlotLayout& layout, st
     }
   }
   layout.view<int64_t>(payload, 1)[row] = x.label;
+  if (x.image.pixels.capacity() > spare_pixels().capacity()) spare_pixels().swap(x.image.pixels);  // for the next
   const std::size_t fields = impl_->byte_fields.size();
   if (!fields) return;
   if (bytes.rows.size() != fields) bytes.rows.resize(fields);

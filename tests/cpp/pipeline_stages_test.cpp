@@ -152,7 +152,10 @@ TEST(PipelineStages, StagesRunInTheOrderGiven) {
   TempDir dir;
   PipelineOptions o;
   o.npy = write_npy(dir, 2, 20, 30);
-  const Stage mark = user_stage(user("mark", [](Sample& s, ops::Rng&) { s.image.pixels[0] = 255, s.image.pixels[1] = 1; }));
+  const Stage mark = user_stage(user("mark", [](Sample& s, ops::Rng&) {
+    s.image.pixels[0] = 255;
+    s.image.pixels[1] = 1;
+  }));
   auto first_row = [&](std::vector<Stage> st) {
     o.stages = std::move(st);
     const Epoch e = run(std::make_shared<const Pipeline>(o), true, 1, 2);

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import warnings
+import logging
 from typing import Any, Callable, Optional
 
 from .. import _core
@@ -10,6 +10,9 @@ from .._budget.caps import ThreadWatchdog
 from ..errors import BatchFailedError
 from .failures import reraise as _worker_exception
 from .stats import StatsBook
+
+# Where an epoch says that it copied batches out of the ring (INFO: silent unless asked for).
+log = logging.getLogger("spindle")
 
 
 class EpochIterator:
@@ -37,7 +40,7 @@ class EpochIterator:
         self._close_on_drop = _core.CloseOnDrop(runtime) if owns else None
         self._owner = owner
         self._epoch = epoch
-        self._warned_copy = False
+        self._logged_copy = False
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -70,13 +73,16 @@ class EpochIterator:
             if self._owns:
                 self.close()
             raise StopIteration
-        if lease.copied_out and not self._warned_copy:
-            self._warned_copy = True
-            warnings.warn(
-                f"spindle: every one of the {self._runtime.num_slots} shared-memory slots is held by a "
-                "batch you kept, so this batch (and later ones while that lasts) was copied out of "
-                "shared memory to keep loading. Drop references to old batches (or copy what you "
-                "keep) to stay zero-copy.", RuntimeWarning, stacklevel=2)
+        if lease.copied_out and not self._logged_copy:
+            # Not a warning: keeping every batch (`list(loader)`) is ordinary torch
+            # code, and the copy is what torch pays for every batch. The copy is
+            # the protection (a kept batch is never overwritten, loading never
+            # stalls); this only says that zero-copy stopped (docs/torch_dropin.md).
+            self._logged_copy = True
+            log.info("spindle: every one of the %d shared-memory slots is held by a batch you kept, so this "
+                     "batch (and later ones while that lasts) was copied out of shared memory to keep loading. "
+                     "Drop references to old batches (or copy what you keep) to stay zero-copy.",
+                     self._runtime.num_slots)
         return self._decode(lease)
 
     def close(self) -> None:

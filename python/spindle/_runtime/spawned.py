@@ -3,24 +3,41 @@
 Used instead of fork when the consumer must not be forked (torch's
 ``multiprocessing_context='spawn'`` or ``'forkserver'``, e.g. after CUDA was
 initialized). The loader's segment is on descriptor 3 (see SpawnSpec in
-runtime/include/spindle/detail/worker_pool.hpp) and a pickled ``(body, kwargs)`` on
-descriptor 4; the worker attaches to the segment and runs
-``body(context, **kwargs)`` exactly as a forked worker would.
+runtime/include/spindle/detail/worker_pool.hpp) and the payload on descriptor 4;
+the worker attaches to the segment and runs ``body(context, **kwargs)`` exactly
+as a forked worker would.
+
+The payload is pickled as multiprocessing pickles a ``Process`` it spawns
+(``popen_spawn_posix``): with its ForkingPickler, while this module stands in
+for the spawning Popen (``multiprocessing.context.set_spawning_popen``). So
+what multiprocessing lets travel only to a process it spawns travels to these
+workers too: ``Value``/``Array`` (their shared memory is handed over as a
+descriptor), ``Lock``/``Semaphore``/``Event``/``Condition`` (named
+semaphores), ``Queue``/``Pipe`` connections, the process authkey, and torch
+tensors by torch's sharing strategy (torch registers its reductions with
+ForkingPickler). Each descriptor a reduction asks to hand over
+(``duplicate_for_child``) is passed on a fixed number after the payload's,
+the same in every worker, so one payload serves them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import multiprocessing.context
+import multiprocessing.process
 import multiprocessing.spawn
 import os
 import pickle
 import sys
-from typing import Any
+from multiprocessing import resource_tracker
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional
 
 from .._budget.caps import cap_worker_pools, one_thread_environment
 
 SEGMENT_FD = 3
-PAYLOAD_FD = 4
+PAYLOAD_FD = 4  # then the descriptors handed over by reductions: 5, 6, ...
 
 
 def main() -> int:
@@ -29,16 +46,32 @@ def main() -> int:
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
     with os.fdopen(PAYLOAD_FD, "rb") as f:
-        preparation, inner = pickle.loads(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
-    # Before the main script is re-imported (it may import torch, numpy, JAX):
-    # pools then start capped, which they cannot be once started. The
-    # environment was set before this interpreter imported numpy; this also
-    # caps, through their APIs, the runtimes loaded so far that do not read it
-    # (threadpoolctl). The worker body's _start() caps again once the main
-    # script and the body's modules are loaded.
-    cap_worker_pools()
-    _prepare(preparation)
-    body, kwargs = pickle.loads(inner)
+        # Every worker shares the one open file: read by position, not by its offset.
+        stream = io.BytesIO(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+    current = multiprocessing.process.current_process()
+    # As multiprocessing's spawn._main: while the main script is re-imported and
+    # the payload unpickled, this process is bootstrapping, so a script without
+    # an `if __name__ == "__main__":` guard that starts workers again is told so
+    # (multiprocessing's RuntimeError) instead of spawning without end.
+    current._inheriting = True  # type: ignore[attr-defined]
+    try:
+        preparation, tracker_fd = pickle.load(stream)
+        if tracker_fd is not None:  # the consumer's resource tracker, as spawn_main inherits it
+            resource_tracker._resource_tracker._fd = tracker_fd  # type: ignore[attr-defined]
+        # Before the main script is re-imported (it may import torch, numpy,
+        # JAX): pools then start capped, which they cannot be once started. The
+        # environment was set before this interpreter imported numpy; this also
+        # caps, through their APIs, the runtimes loaded so far that do not read
+        # it (threadpoolctl). The worker body's _start() caps again once the
+        # main script and the body's modules are loaded.
+        cap_worker_pools()
+        # multiprocessing's own preparation: sys.path, the working directory,
+        # the start method, the authkey, the main script loaded as __mp_main__
+        # so that its classes and functions unpickle.
+        multiprocessing.spawn.prepare(preparation)
+        body, kwargs = pickle.load(stream)
+    finally:
+        del current._inheriting  # type: ignore[attr-defined]
     from .. import _core
 
     attached = _core.AttachedWorker(SEGMENT_FD, args.worker, args.parent)
@@ -49,19 +82,85 @@ def main() -> int:
         sys.stderr.flush()
 
 
-def _preparation() -> dict[str, Any]:
-    """What a new interpreter needs to unpickle objects defined in this program's
-    main script: multiprocessing's own spawn preparation (sys.path, the main
-    module's path, the working directory), without the process authkey."""
-    data = multiprocessing.spawn.get_preparation_data("spindle-worker")
-    data.pop("authkey", None)
-    return data
+class _HandedOver:
+    """A descriptor as the worker finds it (multiprocessing's popen_spawn_posix._DupFd)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
 
 
-def _prepare(data: dict[str, Any]) -> None:
-    """In the new interpreter: load the parent's main script as __mp_main__, as
-    multiprocessing's spawn does, so its classes and functions unpickle."""
-    multiprocessing.spawn.prepare(data)
+class _Spawning:
+    """Stands for multiprocessing's spawning Popen while the payload is pickled: what
+    ``assert_spawning`` checks for, and where ``reduction.DupFd`` hands descriptors over."""
+
+    DupFd = _HandedOver
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []  # this process's descriptors, in the order the workers get them
+
+    def duplicate_for_child(self, fd: int) -> int:
+        self.fds.append(fd)
+        return PAYLOAD_FD + len(self.fds)
+
+
+def _pickled(spawning: _Spawning, *objects: Any) -> bytes:
+    """`objects` pickled one after another with multiprocessing's pickler, in its spawning context."""
+    out = io.BytesIO()
+    multiprocessing.context.set_spawning_popen(spawning)
+    try:
+        for obj in objects:
+            ForkingPickler(out, pickle.HIGHEST_PROTOCOL).dump(obj)
+    finally:
+        multiprocessing.context.set_spawning_popen(None)
+    return out.getvalue()
+
+
+def _tracker_fd() -> Optional[int]:
+    """The consumer's resource tracker's descriptor if one runs (none is started for the workers)."""
+    return getattr(resource_tracker._resource_tracker, "_fd", None)
+
+
+class WorkerPayload:
+    """What the spawned workers are handed. ``fds`` (``spawn_fds``), in order: a
+    memfd holding multiprocessing's preparation data and the pickled
+    ``(body, kwargs)``, then every descriptor those pickles hand over. ``close()``
+    (or the end of a ``with``) closes the memfd once the workers are started; the
+    handed-over descriptors stay their owners'.
+
+    Building one raises what pickling raises (a lambda or a local class in the
+    dataset), before any worker starts, as multiprocessing's ``Process.start()``."""
+
+    def __init__(self, body: Any, kwargs: dict[str, Any]) -> None:
+        spawning = _Spawning()
+        tracker = _tracker_fd()
+        # multiprocessing's preparation data, as its spawn passes it (the
+        # authkey pickles only in a spawning context, like here).
+        preparation = multiprocessing.spawn.get_preparation_data("spindle-worker")
+        handed_tracker = None if tracker is None else spawning.duplicate_for_child(tracker)
+        data = _pickled(spawning, (preparation, handed_tracker), (body, kwargs))
+        fd = os.memfd_create("spindle-worker-payload")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fds = [fd, *spawning.fds]
+
+    def close(self) -> None:
+        if self.fds:
+            os.close(self.fds[0])
+            self.fds = []
+
+    def __enter__(self) -> "WorkerPayload":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def worker_argv() -> list[str]:
@@ -72,14 +171,6 @@ def worker_argv() -> list[str]:
     return [sys.executable, "-c",
             f"import os; os.environ.update({one_thread_environment()!r}); import sys; "
             f"sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import main; sys.exit(main())"]
-
-
-def payload_fd(body: Any, kwargs: dict[str, Any]) -> int:
-    """A memfd holding the pickled (body, kwargs) for the workers; the caller closes it."""
-    fd = os.memfd_create("spindle-worker-payload")
-    inner = pickle.dumps((body, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-    os.write(fd, pickle.dumps((_preparation(), inner), protocol=pickle.HIGHEST_PROTOCOL))
-    return fd
 
 
 if __name__ == "__main__":  # last: main() uses the helpers above

@@ -35,11 +35,8 @@ from __future__ import annotations
 import multiprocessing
 import numbers
 import operator
-import os
 import pickle
 import random
-import signal
-import time
 import warnings
 from functools import partial
 from typing import Any, Callable, Generic, Optional, TypeVar
@@ -63,11 +60,12 @@ from .._runtime.stats import HasStats
 from .._runtime.forking import forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
-from .._runtime.spawned import payload_fd, worker_argv
+from .._runtime.spawned import WorkerPayload, worker_argv
 from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
 from ._transport import CollatedBatches
+from ._workers import WorkerProcess, torch_died
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
 
@@ -270,11 +268,17 @@ class DataLoader(HasStats, Generic[_T_co]):
         # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
         options.budget_policy = resolve_policy(None)
         if self._spawns():
-            fd = payload_fd(body, kwargs)
+            # Pickled in multiprocessing's spawning context, as torch's worker
+            # Process arguments are: its synchronization primitives, shared
+            # ctypes and tensors travel as they do to torch's workers.
             try:
-                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(), spawn_fds=[fd])
-            finally:
-                os.close(fd)
+                payload = WorkerPayload(body, kwargs)
+            except (TypeError, AttributeError, pickle.PicklingError):
+                warnings.warn(_PICKLE_ERROR_WORDS, stacklevel=5)
+                raise
+            with payload:
+                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(),
+                                       spawn_fds=payload.fds)
         else:
             with forking():
                 runtime = _core.Loader(options, order=order, starts=starts,
@@ -357,6 +361,15 @@ class DataLoader(HasStats, Generic[_T_co]):
         self._runtime = self._close_on_drop = None
 
 
+# torch's words when its worker Process arguments do not pickle (its iterator warns, then re-raises).
+_PICKLE_ERROR_WORDS = (
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork').")
+
+
 def _check_counts(loader: Any) -> None:
     """What torch's constructor accepts but its iterator then fails on, refused at construction with
     the error torch raises there: a worker count or prefetch factor that is not an integer (2.5)
@@ -394,15 +407,15 @@ class _TorchIterator(EpochIterator):
         self._pids = runtime.worker_pids
 
     @property
-    def _workers(self) -> list["_WorkerProcess"]:
+    def _workers(self) -> list[WorkerProcess]:
         """The workers as torch's iterator lists them (``multiprocessing.Process``-like views)."""
-        return [_WorkerProcess(self._runtime, w, pid) for w, pid in enumerate(self._pids)]
+        return [WorkerProcess(self._runtime, w, pid) for w, pid in enumerate(self._pids)]
 
     def __next__(self) -> Any:
         try:
             data = super().__next__()
         except WorkerDiedError as died:
-            raise _torch_died(died) from None
+            raise torch_died(died) from None
         self._num_yielded += 1
         if self._stream_len is not None and self._num_yielded > self._stream_len:
             warnings.warn(
@@ -413,73 +426,6 @@ class _TorchIterator(EpochIterator):
                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
                 stacklevel=2)
         return data
-
-
-class _WorkerProcess:
-    """One worker, as an entry of torch's ``_workers`` (``multiprocessing.Process``-like:
-    ``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``, ``kill()``).
-
-    spindle's runtime reaps its workers (while ``next()`` waits, and at ``close()``) and
-    records how each ended: ``exitcode`` is that record (0, the exit status, or minus the
-    signal number, as multiprocessing reports it), ``None`` until the runtime has reaped
-    the worker. A worker that has exited but is not reaped yet is not alive."""
-
-    def __init__(self, runtime: _core.Loader, worker: int, pid: int) -> None:
-        self._runtime = runtime
-        self._worker = worker
-        self.pid = pid
-
-    @property
-    def exitcode(self) -> Optional[int]:
-        exits = self._runtime.worker_exits
-        ended = exits[self._worker] if self._worker < len(exits) else None
-        if ended is None:
-            return None
-        return -ended.code if ended.signaled else ended.code
-
-    def is_alive(self) -> bool:
-        if self.exitcode is not None:
-            return False
-        try:  # not reaped yet, so the pid is still this worker's: running, or a zombie
-            stat = _core.process_stat(self.pid)
-        except OSError:
-            return False
-        return stat is not None and stat.state not in ("Z", "X")
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        """Waits until the worker is no longer alive, or `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.is_alive() and (deadline is None or time.monotonic() < deadline):
-            time.sleep(0.005)
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, signum: int) -> None:
-        # Only a worker the runtime has not reaped: its pid cannot have passed to another process.
-        if self.exitcode is None and self.is_alive():
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def __repr__(self) -> str:
-        return f"<spindle.torch worker {self._worker} pid={self.pid} exitcode={self.exitcode}>"
-
-
-def _torch_died(died: WorkerDiedError) -> WorkerDiedError:
-    """The runtime's dead-worker error with the sentence torch raises for it in front; fields kept."""
-    if died.signal is not None:
-        words = f"DataLoader worker (pid {died.pid}) is killed by signal: {signal.strsignal(died.signal)}. "
-    elif died.exitcode is not None:
-        words = f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly. "
-    else:
-        words = ""
-    return WorkerDiedError(words + str(died), pid=died.pid, exitcode=died.exitcode, signal=died.signal,
-                           worker=died.worker, sample=died.sample, batch=died.batch)
 
 
 def _integer_order(keys: list[Any]) -> Optional[np.ndarray]:

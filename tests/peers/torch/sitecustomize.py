@@ -8,6 +8,11 @@ with ``spindle.torch.DataLoader`` as it starts, the monkeypatch a user would
 write. spindle.torch keeps torch's class for itself (it validates arguments
 with it), bound when spindle.torch is imported.
 
+With SPINDLE_PEER_START_METHOD=spawn (or forkserver), the interpreter also sets
+multiprocessing's start method globally as it starts, before any test (what a
+CUDA user's script does first), so every DataLoader whose
+``multiprocessing_context`` is None starts its workers that way.
+
 Used by tests/peers/torch/run.sh; torch's test file stays outside this
 repository (it is PyTorch's test/test_dataloader.py).
 """
@@ -21,3 +26,8 @@ if os.environ.get("SPINDLE_PEER_PATCH") == "torch":
     import spindle.torch
 
     torch.utils.data.DataLoader = torch.utils.data.dataloader.DataLoader = spindle.torch.DataLoader
+
+if os.environ.get("SPINDLE_PEER_START_METHOD"):
+    import multiprocessing
+
+    multiprocessing.set_start_method(os.environ["SPINDLE_PEER_START_METHOD"], force=True)

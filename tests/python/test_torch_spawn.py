@@ -1,0 +1,148 @@
+"""spindle.torch.DataLoader under 'spawn' and 'forkserver', side by side with torch's DataLoader.
+
+The worker payload is pickled in multiprocessing's spawning context, as torch's
+worker Process arguments are, so synchronization primitives and shared ctypes
+held by a dataset or a worker_init_fn reach the workers as they reach torch's.
+Few workers and samples: every spawned worker is a new interpreter importing torch.
+"""
+
+import multiprocessing
+import queue
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader as TorchLoader, Dataset, get_worker_info  # noqa: E402
+
+from spindle.torch import DataLoader  # noqa: E402
+
+SAMPLES = 6
+WORKERS = 2
+
+
+class Shared(Dataset):
+    """Holds a Value, an Array, a Semaphore, a Lock, a Queue and an Event of one context; each
+    sample uses them all from the worker."""
+
+    def __init__(self, context):
+        self.count = context.Value("i", 0)  # with its own lock
+        self.sums = context.Array("d", WORKERS)
+        self.slots = context.Semaphore(1)
+        self.lock = context.Lock()
+        self.seen = context.Queue()
+        self.started = context.Event()
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            self.count.value += 1
+        with self.slots, self.lock:
+            self.sums[get_worker_info().id] += i
+        self.seen.put(("sample", i))
+        return torch.tensor([i, int(self.started.is_set())])
+
+
+def init_with_primitives(worker_id):
+    """A worker_init_fn that uses the dataset's primitives before any sample."""
+    dataset = get_worker_info().dataset
+    with dataset.lock:
+        dataset.count.value += 100
+    dataset.seen.put(("init", worker_id))
+    dataset.started.set()
+
+
+def run(cls, method):
+    """What a loader of `cls` gives over a fresh Shared dataset, and what the workers left in it."""
+    dataset = Shared(multiprocessing.get_context(method))
+    batches = [b.tolist() for b in cls(dataset, batch_size=2, num_workers=WORKERS, multiprocessing_context=method,
+                                       worker_init_fn=init_with_primitives)]
+    seen = sorted(dataset.seen.get(timeout=30) for _ in range(SAMPLES + WORKERS))
+    with pytest.raises(queue.Empty):
+        dataset.seen.get(timeout=0.2)
+    return batches, dataset.count.value, list(dataset.sums), dataset.started.is_set(), seen
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_primitives_held_by_a_dataset_and_used_by_worker_init_fn_travel_as_to_torchs_workers(method):
+    """Proves: under 'spawn'/'forkserver' a dataset holding mp.Value, Array, Semaphore, Lock, Queue and
+    Event, with a worker_init_fn using them, loads as with torch: same batches, and the workers' writes
+    (counter, array, event, queued items) reach the parent's objects as torch's do."""
+    expected = run(TorchLoader, method)
+    got = run(DataLoader, method)
+    assert got == expected
+    assert expected[1] == SAMPLES + 100 * WORKERS and expected[3] is True  # the workers really wrote
+
+
+def test_the_global_spawn_start_method_carries_primitives_like_torch():
+    """Proves: with multiprocessing_context=None the start method set globally decides, as in torch: a
+    dataset made of the default context's primitives after set_start_method('spawn') loads (no
+    'should only be shared between processes through inheritance')."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        results = []
+        for cls in (TorchLoader, DataLoader):
+            dataset = Shared(multiprocessing)
+            batches = [b.tolist() for b in cls(dataset, batch_size=3, num_workers=WORKERS,
+                                               worker_init_fn=init_with_primitives)]
+            results.append((batches, dataset.count.value, list(dataset.sums)))
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert results[1] == results[0]
+
+
+class Draws(Dataset):
+    """Each sample: its worker's info, torch's initial seed, and one draw each of random, numpy and torch."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return {"index": i, "id": info.id, "num_workers": info.num_workers, "seed": info.seed,
+                "initial_seed": torch.initial_seed(), "same_dataset": info.dataset.__class__.__name__,
+                "random": random.random(), "numpy": float(np.random.rand()), "torch": float(torch.rand(()))}
+
+
+def test_spawned_workers_have_torchs_worker_info_and_seeds():
+    """Proves: under 'spawn', get_worker_info() (id, num_workers, seed, dataset) and the per-worker seeds of
+    random, numpy and torch equal torch's for the same generator, batch by batch."""
+    def draws(cls):
+        loader = cls(Draws(), batch_size=2, num_workers=WORKERS, multiprocessing_context="spawn",
+                     generator=torch.Generator().manual_seed(1234))
+        return [{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in b.items()} for b in loader]
+
+    expected = draws(TorchLoader)
+    assert draws(DataLoader) == expected
+    assert {w for b in expected for w in b["id"]} == set(range(WORKERS))
+    assert torch.utils.data.get_worker_info() is None  # none in the consumer, before or after
+
+
+class Unpicklable(Dataset):
+    def __init__(self):
+        self.transform = lambda x: x
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.transform(i)
+
+
+def test_an_unpicklable_dataset_under_spawn_warns_and_raises_like_torch():
+    """Proves: a dataset that does not pickle (a lambda) under 'spawn' fails at iter() with torch's
+    exception type and message, after torch's "Got pickle error" warning; no worker starts."""
+    outcomes = []
+    for cls in (TorchLoader, DataLoader):
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(Exception) as raised:
+            warnings.simplefilter("always")
+            iter(cls(Unpicklable(), num_workers=WORKERS, multiprocessing_context="spawn"))
+        words = [str(w.message) for w in caught if "pickle error" in str(w.message)]
+        outcomes.append((type(raised.value), str(raised.value), words))
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[0][2] and outcomes[0][2][0].startswith("Got pickle error when attempting to start a worker")
