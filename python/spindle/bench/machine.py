@@ -89,7 +89,7 @@ def spindle_install(repo: Path | None = None) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal
         return {"error": f"{type(exc).__name__}: {exc}"}
     built = os.path.getmtime(core.__file__)
-    out: dict[str, Any] = {"extension": core.__file__, "built": datetime.datetime.fromtimestamp(
+    out: dict[str, Any] = {"extension": os.path.basename(core.__file__), "built": datetime.datetime.fromtimestamp(
         built, datetime.timezone.utc).isoformat(timespec="seconds")}
     if repo is not None and (repo / "runtime").is_dir():
         out["sources_changed_since_build"] = sorted(
@@ -108,7 +108,7 @@ def machine_info(repo: Path | None = None, peer_python: str | None = None) -> di
         "mem_total_gib": mem_total_gib(),
         "kernel": platform.release(),
         "python": sys.version.split()[0],
-        "python_executable": sys.executable,
+        "python_executable": os.path.basename(sys.executable),  # a name, not a machine's path
         "versions": versions(),
         "spindle_install": spindle_install(repo),
         "uid": os.getuid(),
