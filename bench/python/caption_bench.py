@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from machine import machine_info, write_results
-from spindle.bench.workloads import make_image_folder
+from spindle.bench.workloads import make_image_folder, pil_random_resized_crop_flip
 
 SIZE = 224
 BATCH = 64
@@ -68,27 +68,8 @@ def make_shards(folder: Path, out: Path, shards: int) -> list[str]:
 
 
 def pil_rrc_flip(img):
-    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip on a PIL image, written with PIL
-    where torchvision does not import (its PIL path crops, then resizes BILINEAR)."""
-    import math
-    import random
-
-    from PIL import Image
-
-    w, h = img.size
-    box = (0, 0, w, h)
-    for _ in range(10):  # RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3)
-        target = w * h * random.uniform(0.08, 1.0)
-        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-        cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-        if 0 < cw <= w and 0 < ch <= h:
-            top, left = random.randint(0, h - ch), random.randint(0, w - cw)
-            box = (left, top, left + cw, top + ch)
-            break
-    img = img.resize((SIZE, SIZE), Image.BILINEAR, box=box)
-    if random.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    return np.asarray(img)
+    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip, as the bench's PIL loaders do."""
+    return pil_random_resized_crop_flip(img)
 
 
 def webdataset_pil(shards: list[str], workers: int):

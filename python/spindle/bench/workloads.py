@@ -79,20 +79,28 @@ class PilJpegFolder:
         path, label = self.samples[i]
         with Image.open(path) as f:
             img = f.convert("RGB")
-        w, h = img.size
-        box = (0, 0, w, h)
-        for _ in range(10):  # torchvision's RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3)
-            target = w * h * random.uniform(0.08, 1.0)
-            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-            if 0 < cw <= w and 0 < ch <= h:
-                top, left = random.randint(0, h - ch), random.randint(0, w - cw)
-                box = (left, top, left + cw, top + ch)
-                break
-        img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR, box=box)
-        if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return np.asarray(img), label
+        return pil_random_resized_crop_flip(img), label
+
+
+def pil_random_resized_crop_flip(img: Any) -> np.ndarray:
+    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip on a PIL image, spelled out
+    with PIL (torchvision's PIL path crops, then resizes BILINEAR, which antialiases in PIL)."""
+    from PIL import Image
+
+    w, h = img.size
+    box = (0, 0, w, h)
+    for _ in range(10):  # torchvision's RandomResizedCrop.get_params, scale (0.08, 1), ratio (3/4, 4/3)
+        target = w * h * random.uniform(0.08, 1.0)
+        ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+        if 0 < cw <= w and 0 < ch <= h:
+            top, left = random.randint(0, h - ch), random.randint(0, w - cw)
+            box = (left, top, left + cw, top + ch)
+            break
+    img = img.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR, box=box)
+    if random.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(img)
 
 
 def make_image_folder(root: str | os.PathLike, n: int, classes: int = 10) -> Path:
