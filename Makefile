@@ -14,7 +14,7 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev libcurl4-openssl-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client webdataset
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
