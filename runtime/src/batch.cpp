@@ -60,7 +60,7 @@ Batch& Batch::operator=(Batch&& o) noexcept {
 Batch::~Batch() { release(); }
 
 void Batch::release() noexcept {
-  if (ring_) ring_->ring.set_state(slot_, SlotState::kFree);
+  if (ring_ && ring_->in_owner()) ring_->ring.set_state(slot_, SlotState::kFree);
   ring_.reset();
 }
 

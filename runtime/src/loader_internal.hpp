@@ -7,15 +7,24 @@
 #include <spindle/detail/budget_ledger.hpp>
 #include <spindle/detail/shm_segment.hpp>
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <string>
 
 namespace spindle {
 
 struct RingStorage {
-  RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what) : segment(bytes, what, reserve) {}
+  RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what)
+      : segment(bytes, what, reserve), owner(getpid()) {}
   ShmSegment segment;
   BatchRing ring;
+  // The consumer process. A forked copy of the loader's objects (in a worker
+  // of another loader, or a user's fork) must not act on the ring: freeing a
+  // slot there would hand the consumer's slot back under its reader.
+  const pid_t owner;
+  bool in_owner() const noexcept { return getpid() == owner; }
 };
 
 struct LoaderLeases {

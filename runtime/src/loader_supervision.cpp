@@ -61,7 +61,16 @@ void Loader::rethrow_if_broken() const {
   throw WorkerDiedError(broken_);
 }
 
-Loader::~Loader() { close(); }
+Loader::~Loader() {
+  if (ring_ && !ring_->in_owner()) {
+    // A forked copy (see close()): the workers and threads are the consumer's;
+    // their handles are let go without stopping or joining anything.
+    (void)pool_.release();
+    (void)threads_.release();
+    return;
+  }
+  close();
+}
 
 uint32_t Loader::num_slots() const noexcept { return ring_->ring.geometry().num_slots; }
 
@@ -76,6 +85,10 @@ std::vector<std::optional<WorkerExit>> Loader::worker_exits() const {
 }
 
 void Loader::close(std::chrono::milliseconds grace) noexcept {
+  // In a forked copy of the consumer nothing is closed: the queues, the
+  // workers and the threads are the consumer's (and the threads do not exist
+  // here: joining them would wait forever).
+  if (ring_ && !ring_->in_owner()) return;
   closing_.store(true, std::memory_order_release);
   // Wake a next() waiting in another thread; it sees closing_ and returns.
   if (ring_) detail::futex_wake(&ring_->ring.header().completed, INT32_MAX);

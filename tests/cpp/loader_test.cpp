@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -554,6 +556,51 @@ TEST(LoaderProcesses, WorkersSurviveTheExitOfTheThreadThatForkedThem) {
     ++i;
   }
   EXPECT_EQ(i, batches.size());
+}
+
+}  // namespace
+}  // namespace spindle
+
+namespace spindle {
+namespace {
+
+// Proves: a forked copy of the consumer (a worker of another loader whose collector finalizes
+// what it inherited, a user's fork) that closes and destroys its copies of a Loader and of a
+// held Batch neither waits (the worker threads exist only in the consumer) nor touches the
+// consumer's loader: its queues stay open, its workers run, the held slot stays held.
+TEST(LoaderLifecycle, AForkedCopyClosingItsLoaderLeavesTheConsumersRunning) {
+  for (bool threads : {false, true}) {
+    const auto batches = make_batches(400, 16);
+    auto body = sample_worker(fill_sample, kSampleBytes);
+    auto loader = std::make_unique<Loader>(options(2, 16), batches, threads ? Launcher::threads(body) : Launcher::fork(body));
+    std::optional<Batch> held = loader->next();
+    ASSERT_TRUE(held.has_value());
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      held.reset();
+      loader->close();
+      loader.reset();
+      _exit(0);
+    }
+    int status = -1;
+    const auto deadline = Clock::now() + 10s;
+    while (waitpid(child, &status, WNOHANG) == 0 && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    if (!WIFEXITED(status)) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      FAIL() << "the forked copy waited in close() (threads=" << threads << ")";
+    }
+    EXPECT_TRUE(batch_is_intact(*held, batches[0])) << "threads=" << threads;
+    std::size_t got = held->indices().size(), i = 1;
+    held.reset();
+    while (auto b = loader->next()) {
+      ASSERT_TRUE(batch_is_intact(*b, batches[i])) << "batch " << i << ", threads=" << threads;
+      got += b->indices().size();
+      ++i;
+    }
+    EXPECT_EQ(got, 400u) << "threads=" << threads;
+  }
 }
 
 }  // namespace

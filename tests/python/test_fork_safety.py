@@ -43,3 +43,52 @@ def test_loaders_start_and_stop_repeatedly_while_torch_and_python_threads_run():
     finally:
         stop.set()
         t.join()
+
+
+class _FinalizedWhere:
+    """A cycle (it refers to itself) whose finalizer writes the pid of the process that ran it."""
+
+    def __init__(self, out_fd: int) -> None:
+        self.me = self
+        self.out_fd = out_fd
+
+    def __del__(self) -> None:
+        os.write(self.out_fd, f"{os.getpid()}\n".encode())
+
+
+class _CollectsGarbage:
+    """Each sample read in a worker runs the collector, as any allocation-heavy sample may."""
+
+    def __init__(self) -> None:
+        self.consumer = os.getpid()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import gc
+        if os.getpid() != self.consumer:
+            gc.collect()
+        return np.full(4, i, np.int64)
+
+
+@pytest.mark.parametrize("front", ["spindle", "torch"])
+def test_garbage_the_consumer_left_is_not_finalized_inside_a_worker(front):
+    """Proves: a cycle the consumer had not yet collected when the workers forked is not finalized
+    by a worker's collector (its finalizer could wait on a lock or thread of the consumer forever),
+    only by the consumer's."""
+    import gc
+    import spindle.torch
+    read_fd, write_fd = os.pipe()
+    gc.disable()  # keep the cycle uncollected until the fork, as a busy consumer may
+    try:
+        _FinalizedWhere(write_fd)
+        make = spindle.DataLoader if front == "spindle" else spindle.torch.DataLoader
+        loader = make(_CollectsGarbage(), batch_size=2, num_workers=2)
+        assert len(list(loader)) == 4
+    finally:
+        gc.enable()
+    gc.collect()  # the consumer's collector: the finalizer runs here, once
+    os.close(write_fd)
+    with os.fdopen(read_fd) as got:
+        assert got.read().split() == [str(os.getpid())]

@@ -112,7 +112,9 @@ def test_a_stall_warning_names_the_busy_worker_and_sample(monkeypatch):
     loader = spindle.DataLoader(Sleepy(4, 1.5, slow=2), batch_size=1, num_workers=1)
     with pytest.warns(StallWarning, match=r"worker 0 \(pid \d+\) busy for \d+\.\d s in batch 2, sample 2") as got:
         assert len(list(loader)) == 4
-    assert len([w for w in got if issubclass(w.category, StallWarning)]) == 1
+    # Once for the slow sample; a loaded machine may also warn for the first batch (the fork and
+    # the worker's start), which names batch 0 and is not this stall.
+    assert len([w for w in got if issubclass(w.category, StallWarning) and "in batch 2," in str(w.message)]) == 1
 
 
 def test_the_off_switch_measures_nothing(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -18,8 +19,19 @@ HELPER_WAIT_S = 30.0
 
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
-    """Around spindle's own forks: silences JAX's at-fork warning, and caps
+    """Around spindle's own forks: freezes the garbage collector's view of
+    what the children inherit, silences JAX's at-fork warning, and caps
     the consumer's OpenBLAS for the children to inherit.
+
+    Frozen (``gc.freeze()``, as Python's docs advise before a fork without
+    exec), the objects the consumer holds at the fork are never examined by a
+    child's collector: unreachable cycles the consumer had not collected yet
+    (an earlier loader's iterator held by a traceback, a pool, a progress
+    bar) are not finalized inside a worker, where their finalizers would
+    wait on locks and threads that exist only in the consumer; and the
+    collector does not write to the inherited objects' pages, so they stay
+    shared. The consumer unfreezes when the forks are done, unless something
+    had frozen before (then what it froze stays frozen, as it asked).
 
     JAX warns on every fork of a process where it runs, because a child that
     calls into JAX can deadlock. spindle's children run only spindle's code and
@@ -28,9 +40,16 @@ def forking() -> Iterator[None]:
     OpenBLAS cannot be capped in the child without starting its pool there
     (``_caps.openblas_capped_across_forks``).
     """
-    with warnings.catch_warnings(), openblas_capped_across_forks():
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        yield
+    parent = os.getpid()
+    frozen_before = gc.get_freeze_count()
+    gc.freeze()
+    try:
+        with warnings.catch_warnings(), openblas_capped_across_forks():
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            yield
+    finally:
+        if frozen_before == 0 and os.getpid() == parent:
+            gc.unfreeze()
 
 
 def call_in_fork(fn: Callable[[], Any]) -> Any:
