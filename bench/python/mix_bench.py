@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=3, help="epochs of each loader a round")
+    parser.add_argument("--epochs", type=int, default=8, help="epochs of each loader a round")
     args = parser.parse_args()
     n = args.samples
     mixed = spindle.mix([ArraySamples(int(w * n) + 8) for w in WEIGHTS], WEIGHTS, seed=0)
