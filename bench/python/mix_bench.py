@@ -12,9 +12,9 @@ each, one after the other, in the order A B C, then C B A the next round (no loa
 after the same other); each epoch is timed after its first batch, and an untimed epoch of each
 comes first (it also touches the ring's slots for the first time: 0.15 minor faults a sample).
 The result is the ratio of the medians of samples/s; beside it the median of the rounds' own
-ratios, and the ratio of the workers' CPU time per sample (/proc schedstat), which a busy machine
-disturbs less. The mix's schedule is built once, before the timed epochs (it is built on first
-use: about 0.1 s per million elements).
+ratios, the ratio of the workers' CPU time per sample (/proc schedstat), which a busy machine
+disturbs less, and the consumer's CPU time per sample (all its threads). The mix's schedule is
+built once, before the timed epochs (it is built on first use: about 0.1 s per million elements).
 
 In spindle's workers the mix is read through its RoutedDataset (``Mix.spindle_routed``): the C++
 row reader looks up each element's source and index and calls the source's ``__getitem__``, with
@@ -55,16 +55,16 @@ class ByGetitem(spindle.Mix):
         return None
 
 
-def one_round(loaders: dict, order: list[str], epochs: int) -> dict[str, tuple[float, float]]:
-    """name -> (samples/s, the workers' CPU ns per sample) over `epochs` epochs of each loader, each after its
-    first batch, the loaders taking turns epoch by epoch in `order`."""
+def one_round(loaders: dict, order: list[str], epochs: int) -> dict[str, tuple[float, float, float]]:
+    """name -> (samples/s, the workers' and the consumer's CPU ns per sample) over `epochs` epochs of each
+    loader, each after its first batch, the loaders taking turns epoch by epoch in `order`."""
     runs: dict[str, list] = {name: [] for name in order}
     for _ in range(epochs):
         for name in order:
             runs[name].append(steady_rate(loaders[name]))
     # every epoch has as many samples: a rate is the mean time a sample, inverted
-    return {name: (1 / statistics.fmean(1 / rate for rate, _, _ in r), statistics.fmean(cpu for _, cpu, _ in r) * 1e9)
-            for name, r in runs.items()}
+    return {name: (1 / statistics.fmean(1 / rate for rate, _, _ in r), statistics.fmean(w for _, w, _ in r) * 1e9,
+                   statistics.fmean(c for _, _, c in r) * 1e9) for name, r in runs.items()}
 
 
 def main() -> None:
@@ -86,6 +86,7 @@ def main() -> None:
     load_before = load_average()
     rates: dict[str, list[float]] = {name: [] for name in peers}
     cpu: dict[str, list[float]] = {name: [] for name in peers}
+    consumer: dict[str, list[float]] = {name: [] for name in peers}
     # persistent: the workers are still there to read their CPU time when an epoch ends, and the
     # loaders wait (blocked, no CPU) while another takes its turn
     loaders = {name: spindle.DataLoader(dataset, batch_size=args.batch, num_workers=args.workers,
@@ -95,9 +96,10 @@ def main() -> None:
             steady_rate(loader)  # untimed: the first epoch also touches the ring's slots for the first time
         for r in range(args.rounds):
             order = list(peers) if r % 2 == 0 else list(peers)[::-1]  # A B C, then C B A
-            for name, (rate, ns) in one_round(loaders, order, args.epochs).items():
+            for name, (rate, ns, consumer_ns) in one_round(loaders, order, args.epochs).items():
                 rates[name].append(rate)
                 cpu[name].append(ns)
+                consumer[name].append(consumer_ns)
     finally:
         for loader in loaders.values():
             loader.close()
@@ -122,12 +124,14 @@ def main() -> None:
               "worker_cpu_ns_per_sample_median": cpu_medians,
               "worker_cpu_ns_per_sample_rounds": {k: [round(x) for x in v] for k, v in cpu.items()},
               "mixed_cpu_over_unmixed": mixed_cpu, "by_getitem_cpu_over_unmixed": getitem_cpu,
+              "consumer_cpu_ns_per_sample_median": {name: round(statistics.median(c)) for name, c in consumer.items()},
               "schedule_build_s": round(build_s, 3)}
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / "mix.json").write_text(json.dumps(result, indent=2) + "\n")
     shown = ("load_before", "load_after", "samples_per_s_median", "mixed_over_unmixed",
              "mixed_over_unmixed_rounds_median", "by_getitem_over_unmixed", "by_getitem_over_unmixed_rounds_median",
-             "worker_cpu_ns_per_sample_median", "mixed_cpu_over_unmixed", "by_getitem_cpu_over_unmixed")
+             "worker_cpu_ns_per_sample_median", "mixed_cpu_over_unmixed", "by_getitem_cpu_over_unmixed",
+             "consumer_cpu_ns_per_sample_median")
     print(json.dumps({k: result[k] for k in shown}, indent=2))
 
 
