@@ -268,3 +268,25 @@ def test_mix_length_rule_and_discrepancy_hold_for_any_weights(lengths, data, see
         assert abs(counts[j] - i * p[j]) <= len(lengths) + 1
     assert all(counts <= lengths) and any(counts == lengths)
     assert all(counts[j] == 0 for j in range(len(lengths)) if p[j] == 0)
+
+
+def test_routed_dataset_refuses_a_schedule_it_cannot_read_naming_what_is_wrong():
+    """Proves: the C++ reader of a mix's schedule refuses arrays of another type or dimension, arrays of different
+    lengths and an element whose source has no getter, each naming the problem, instead of reading past them."""
+    from spindle import _core
+
+    getters, names = [[10, 11].__getitem__, [20].__getitem__], ["datasets[0] (list)", "datasets[1] (list)"]
+    sources, indices = np.array([0, 1, 0], np.uint8), np.array([0, 0, 1], np.int32)
+    routed = _core.RoutedDataset(sources, indices, getters, names, "about")
+    assert [routed[i] for i in range(3)] == [10, 20, 11] and routed.locate(-1) == (0, 1)
+    with pytest.raises(ValueError, match=r"sources should be a contiguous 1-D uint8 or uint32 array, but got "
+                                         r"format 'f'"):
+        _core.RoutedDataset(sources.astype(np.float32), indices, getters, names, "about")
+    with pytest.raises(ValueError, match=r"indices should be a contiguous 1-D int32 or int64 array.* 2 dimension"):
+        _core.RoutedDataset(sources, indices.reshape(3, 1), getters, names, "about")
+    with pytest.raises(ValueError, match=r"has 3 sources but 2 indices"):
+        _core.RoutedDataset(sources, indices[:2], getters, names, "about")
+    with pytest.raises(ValueError, match=r"element 1 has source 1, but there are 1 sources"):
+        _core.RoutedDataset(sources, indices, getters[:1], names[:1], "about")
+    with pytest.raises(IndexError, match=r"index 3 is out of range for a mix of 3 elements \(about\)"):
+        routed[3]
