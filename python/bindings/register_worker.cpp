@@ -1,7 +1,8 @@
 // The worker side: WorkItem (a batch to produce), WorkerExit (how a worker
 // ended), WorkerContext (what a worker main is handed) and AttachedWorker (a
 // spawned worker's). Lambdas here convert types and release the GIL, nothing
-// else; the row readers are interop/read_rows.
+// else; the row readers are interop/read_rows, the routed dataset
+// (spindle.mix's schedule, read by them) interop/routed_dataset.
 #include <span>
 
 #include <pybind11/numpy.h>
@@ -13,6 +14,7 @@
 
 #include "interop/convert.hpp"
 #include "interop/read_rows.hpp"
+#include "interop/routed_dataset.hpp"
 #include "register.hpp"
 
 namespace py = pybind11;
@@ -38,6 +40,23 @@ void register_worker(py::module_& m) {
                              },
                              "With new_stream: the consumer's start message for this worker (b'' if none), "
                              "copied out of the slot.");
+
+  py::class_<RoutedDataset>(m, "RoutedDataset",
+                            "A map-style dataset whose element i is getters[sources[i]](indices[i]): spindle.mix's "
+                            "schedule as the workers' row readers read it, without a Python call of the mix's own "
+                            "per sample. The arrays are viewed (buffer protocol), not copied.")
+      .def(py::init<const py::buffer&, const py::buffer&, const py::list&, std::vector<std::string>, std::string>(),
+           py::arg("sources"), py::arg("indices"), py::arg("getters"), py::arg("names"), py::arg("about"),
+           "sources: each element's source (1-D uint8 or uint32); indices: its index there (1-D int32 or int64); "
+           "getters[j]: source j's bound __getitem__; names[j]: how errors name source j; about: what an "
+           "IndexError adds after the length.")
+      .def("__len__", &RoutedDataset::size)
+      .def("__getitem__", &RoutedDataset::get, py::arg("i"),
+           "Element i (negative: from the end); an exception from the source carries a note naming i, the "
+           "source and its index; IndexError if i is out of range.")
+      .def("locate", &RoutedDataset::locate, py::arg("i"), "(source, index in that source) of element i.")
+      .def("describe", &RoutedDataset::describe, py::arg("i"),
+           "The note an exception from element i's source gets: where in the mix element i is.");
 
   py::class_<WorkerExit>(m, "WorkerExit", "How a worker process ended.")
       .def_readonly("worker_id", &WorkerExit::worker_id)

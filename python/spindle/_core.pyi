@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'SampleRows', 'ShardOptions', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'ShardOptions', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -163,6 +163,28 @@ class WorkItem:
     @property
     def slot(self) -> int:
         ...
+class RoutedDataset:
+    """
+    A map-style dataset whose element i is getters[sources[i]](indices[i]): spindle.mix's schedule as the workers' row readers read it, without a Python call of the mix's own per sample. The arrays are viewed (buffer protocol), not copied.
+    """
+    def __getitem__(self, i: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
+        """
+        Element i (negative: from the end); an exception from the source carries a note naming i, the source and its index; IndexError if i is out of range.
+        """
+    def __init__(self, sources: typing_extensions.Buffer, indices: typing_extensions.Buffer, getters: list, names: collections.abc.Sequence[str], about: str) -> None:
+        """
+        sources: each element's source (1-D uint8 or uint32); indices: its index there (1-D int32 or int64); getters[j]: source j's bound __getitem__; names[j]: how errors name source j; about: what an IndexError adds after the length.
+        """
+    def __len__(self) -> int:
+        ...
+    def describe(self, i: typing.SupportsInt | typing.SupportsIndex) -> str:
+        """
+        The note an exception from element i's source gets: where in the mix element i is.
+        """
+    def locate(self, i: typing.SupportsInt | typing.SupportsIndex) -> tuple[int, int]:
+        """
+        (source, index in that source) of element i.
+        """
 class WorkerExit:
     """
     How a worker process ended.

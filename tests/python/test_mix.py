@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
+import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -122,6 +125,98 @@ def test_mix_resumes_exactly_through_the_loaders_state_and_refuses_another_mix()
     assert values(again) == rest and sorted(head + rest) == sorted(int(small()[i][0]) for i in range(450))
 
 
+class Traced:
+    """Source `tag` of `n` elements: element k is (int64 [tag * 1_000_000 + k, how it was called], k) with how 1
+    if no Mix.__getitem__ is among its callers (a loader's routed read), else 0; element `bad` raises."""
+
+    def __init__(self, tag, n, bad=-1):
+        self.tag, self.n, self.bad = tag, n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, k):
+        if k == self.bad:
+            raise ValueError(f"corrupt record {k} in source {self.tag}")
+        frame, routed = sys._getframe(1), 1
+        while frame is not None:
+            routed = 0 if frame.f_code is spindle.Mix.__getitem__.__code__ else routed
+            frame = frame.f_back
+        return np.array([self.tag * 1_000_000 + k, routed]), k
+
+
+def traced(bad=-1):
+    return spindle.mix([Traced(0, 300), Traced(1, 200, bad), Traced(2, 120)], WEIGHTS, seed=6, shuffle=True)
+
+
+def loaders():
+    """(name, make(dataset, workers)) of the loaders that read a mix through its RoutedDataset: the array path
+    (read_rows) and, with a collate_fn, the kept-samples path (read_samples)."""
+    made = [("spindle.DataLoader", lambda d, w: spindle.DataLoader(d, batch_size=32, num_workers=w))]
+    if importlib.util.find_spec("torch") is not None:
+        import spindle.torch as st
+
+        made += [("spindle.torch.DataLoader", lambda d, w: st.DataLoader(d, batch_size=32, num_workers=w)),
+                 ("spindle.torch.DataLoader collate_fn", lambda d, w: st.DataLoader(
+                     d, batch_size=32, num_workers=w, collate_fn=lambda s: {"kept": [(a.tolist(), k) for a, k in s]}))]
+    return made
+
+
+def rows(batches):
+    """(value, how it was called, label) of every element of `batches`."""
+    got = []
+    for b in batches:
+        pairs = b["kept"] if isinstance(b, dict) else zip(np.asarray(b[0]).tolist(), np.asarray(b[1]).tolist())
+        got += [(int(v), int(how), int(k)) for (v, how), k in pairs]
+    return got
+
+
+class Doubled(spindle.Mix):
+    """A mix reading its elements otherwise: each value doubled."""
+
+    def __getitem__(self, i):
+        value, k = super().__getitem__(i)
+        return value * [2, 1], k
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_loaders_read_a_mix_through_its_routed_schedule_exactly_as_its_getitem(workers):
+    """Proves: spindle.DataLoader and spindle.torch.DataLoader (array path and collate_fn path), with 1 and 2
+    workers, give exactly the elements Mix.__getitem__ gives, in its order, and read them without calling
+    Mix.__getitem__ (the RoutedDataset's C++ read); a subclass with its own __getitem__ is read through it."""
+    mixed = traced()
+    expected = [(int(a[0]), k) for a, k in (mixed[i] for i in range(len(mixed)))]
+    assert all(int(mixed[i][0][1]) == 0 for i in range(len(mixed)))  # a direct call is seen as one
+    for name, make in loaders():
+        got = rows(make(mixed, workers))
+        assert [(v, k) for v, _, k in got] == expected, name
+        assert {how for _, how, _ in got} == {1}, name
+
+    doubled = Doubled([Traced(0, 300), Traced(1, 200), Traced(2, 120)], WEIGHTS, seed=6, shuffle=True)
+    assert doubled.spindle_routed() is None
+    again = pickle.loads(pickle.dumps(doubled))  # spawned workers get the subclass, not a plain Mix
+    assert type(again) is Doubled and int(again[5][0][0]) == 2 * int(mixed[5][0][0])
+    got = rows(spindle.DataLoader(doubled, batch_size=32, num_workers=workers))
+    assert [(v, k) for v, _, k in got] == [(2 * v, k) for v, k in expected] and {h for _, h, _ in got} == {0}
+
+
+def test_an_error_in_a_source_names_the_mix_index_the_source_and_its_index():
+    """Proves: an exception from a source's __getitem__ keeps its type and text and carries a note naming the
+    mix's index, the source and the source's index, the same from Mix.__getitem__ and from the workers' routed
+    read in spindle.DataLoader and spindle.torch.DataLoader, whose note also names the mix's index."""
+    mixed = traced(bad=57)
+    i = next(i for i in range(len(mixed)) if mixed.locate(i) == (1, 57))
+    where = f"spindle.mix: element {i} is element 57 of datasets[1] (Traced)"
+    with pytest.raises(ValueError, match="corrupt record 57 in source 1") as direct:
+        mixed[i]
+    assert where in direct.value.__notes__
+    for name, make in loaders():
+        with pytest.raises(ValueError, match="corrupt record 57 in source 1") as info:
+            list(make(mixed, 2))
+        notes = "\n".join(info.value.__notes__)
+        assert where in notes and f"while loading sample index {i} " in notes, name
+
+
 @pytest.mark.parametrize("weights,message", [
     ([0.5, 0.5], r"3 datasets but 2 weights \(\[0.5, 0.5\]\)"),
     ([0.5, -0.1, 0.6], r"weights\[1\] = -0.1 is negative"),
@@ -173,3 +268,25 @@ def test_mix_length_rule_and_discrepancy_hold_for_any_weights(lengths, data, see
         assert abs(counts[j] - i * p[j]) <= len(lengths) + 1
     assert all(counts <= lengths) and any(counts == lengths)
     assert all(counts[j] == 0 for j in range(len(lengths)) if p[j] == 0)
+
+
+def test_routed_dataset_refuses_a_schedule_it_cannot_read_naming_what_is_wrong():
+    """Proves: the C++ reader of a mix's schedule refuses arrays of another type or dimension, arrays of different
+    lengths and an element whose source has no getter, each naming the problem, instead of reading past them."""
+    from spindle import _core
+
+    getters, names = [[10, 11].__getitem__, [20].__getitem__], ["datasets[0] (list)", "datasets[1] (list)"]
+    sources, indices = np.array([0, 1, 0], np.uint8), np.array([0, 0, 1], np.int32)
+    routed = _core.RoutedDataset(sources, indices, getters, names, "about")
+    assert [routed[i] for i in range(3)] == [10, 20, 11] and routed.locate(-1) == (0, 1)
+    with pytest.raises(ValueError, match=r"sources should be a contiguous 1-D uint8 or uint32 array, but got "
+                                         r"format 'f'"):
+        _core.RoutedDataset(sources.astype(np.float32), indices, getters, names, "about")
+    with pytest.raises(ValueError, match=r"indices should be a contiguous 1-D int32 or int64 array.* 2 dimension"):
+        _core.RoutedDataset(sources, indices.reshape(3, 1), getters, names, "about")
+    with pytest.raises(ValueError, match=r"has 3 sources but 2 indices"):
+        _core.RoutedDataset(sources, indices[:2], getters, names, "about")
+    with pytest.raises(ValueError, match=r"element 1 has source 1, but there are 1 sources"):
+        _core.RoutedDataset(sources, indices, getters[:1], names[:1], "about")
+    with pytest.raises(IndexError, match=r"index 3 is out of range for a mix of 3 elements \(about\)"):
+        routed[3]

@@ -9,6 +9,8 @@
 #include <spindle/detail/batch_ring.hpp>
 #include <spindle/detail/ring_copy.hpp>
 
+#include "routed_dataset.hpp"
+
 namespace py = pybind11;
 
 namespace spindle::python {
@@ -76,11 +78,14 @@ py::object fetch_exception() {
   return py::reinterpret_steal<py::object>(value);
 }
 
-}  // namespace
-
-py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, py::handle dataset) {
+// dataset[item.indices[i]], the crash record naming the index first; a
+// RoutedDataset (spindle.mix) is read through its schedule, without a Python
+// call of its own.
+py::object read_one(WorkerContext& ctx, const WorkItem& item, std::size_t i, py::handle dataset,
+                    const RoutedDataset* routed) {
   const int64_t index = item.indices[i];
   ctx.set_sample(index);
+  if (routed != nullptr) return routed->get(index);
   const auto key = py::reinterpret_steal<py::object>(PyLong_FromLongLong(index));
   if (!key) throw py::error_already_set();
   PyObject* sample = PyObject_GetItem(dataset.ptr(), key.ptr());
@@ -88,13 +93,20 @@ py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, 
   return py::reinterpret_steal<py::object>(sample);
 }
 
+}  // namespace
+
+py::object read_sample(WorkerContext& ctx, const WorkItem& item, std::size_t i, py::handle dataset) {
+  return read_one(ctx, item, i, dataset, as_routed(dataset));
+}
+
 std::pair<py::list, std::vector<int64_t>> read_samples(WorkerContext& ctx, const WorkItem& item, py::handle dataset, py::object first) {
   // dataset[i] for each index, as a Python loop would call it, with the
   // crash record naming the sample being read.
   const std::size_t n = item.indices.size();
+  const RoutedDataset* routed = as_routed(dataset);
   py::list samples(n);
   for (std::size_t i = 0; i < n; ++i) {
-    py::object sample = i == 0 && !first.is_none() ? first : read_sample(ctx, item, i, dataset);
+    py::object sample = i == 0 && !first.is_none() ? first : read_one(ctx, item, i, dataset, routed);
     PyList_SET_ITEM(samples.ptr(), static_cast<Py_ssize_t>(i), sample.release().ptr());
   }
   return {std::move(samples), std::vector<int64_t>(item.indices.begin(), item.indices.end())};
@@ -103,8 +115,9 @@ std::pair<py::list, std::vector<int64_t>> read_samples(WorkerContext& ctx, const
 py::object read_rows(WorkerContext& ctx, WorkItem& item, py::handle dataset, const SampleRows& rows,
                      py::object first) {
   RowsAsRead batch(ctx, item, &rows);
+  const RoutedDataset* routed = as_routed(dataset);
   for (std::size_t i = 0; i < item.indices.size(); ++i)
-    batch.add(i == 0 && !first.is_none() ? std::move(first) : read_sample(ctx, item, i, dataset));
+    batch.add(i == 0 && !first.is_none() ? std::move(first) : read_one(ctx, item, i, dataset, routed));
   if (batch.written() == item.indices.size()) return py::none();
   return py::make_tuple(batch.written(), batch.kinds(), batch.rest());
 }

@@ -2,7 +2,8 @@
 // A worker reading its batch's samples from a Python dataset (dataset[i]) or
 // stream (next(it)) and writing them into its slot: the loops behind
 // WorkerContext.read_sample / read_samples / read_rows / read_stream_rows /
-// put_samples, with the crash record naming the sample being read.
+// put_samples, with the crash record naming the sample being read. A dataset
+// that is a RoutedDataset (spindle.mix) is read through its schedule.
 #include <cstddef>
 #include <cstdint>
 #include <utility>

@@ -84,6 +84,12 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     generators before each batch (spindle.DataLoader with a seed: BatchSeeds)."""
     if (failure := _start(ctx, setup)) is not None:
         return _answer_failed_start(ctx, failure)
+    # A routed dataset (spindle.mix) hands its schedule to the C++ row reader once: the reads
+    # then skip its own __getitem__, a Python call a sample (RoutedDataset).
+    # Asked of the class: a wrapper forwarding attributes to a mix must still be read through itself.
+    routed = getattr(type(dataset), "spindle_routed", None)
+    if routed is not None:
+        dataset = routed(dataset) or dataset
     worker_id = ctx.worker_id
     # The worker's crash record: the sample being loaded, read by the consumer
     # if this process dies.

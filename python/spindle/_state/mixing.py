@@ -17,6 +17,14 @@ source of weight 0 is never drawn from and does not limit the length.
 The schedule is built on first use (``len`` or an element) in O(L log L) time and kept as two
 arrays (5 bytes an element, 9 for sources past 2**31 elements); forked workers share the parent's copy, a pickled mix
 (spawned workers) carries its recipe and rebuilds it.
+
+**In spindle's workers** the mix is read through ``spindle_routed()``: a ``_core.RoutedDataset``
+viewing the same two arrays (buffer protocol) and holding the sources' bound ``__getitem__``, which
+the C++ row reader recognizes and reads without a Python call of the mix's own per sample (the
+source's ``__getitem__`` is the only Python left). It also owns what the mix says about an element:
+``locate``, the out-of-range IndexError and the note a source's exception gets (the mix's index,
+the source and its index). ``Mix.__getitem__`` (torch's own DataLoader, any caller) reads the same
+arrays and gives exactly the same elements and errors.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import numbers
 from typing import Any, Optional, Sequence
 
 import numpy as np
+
+from .. import _core
 
 __all__ = ["Mix", "mix"]
 
@@ -69,10 +79,13 @@ class Mix:
         self.shuffle = bool(shuffle)
         self._sources: Optional[memoryview] = None  # element i's source, then its index there
         self._indices: Optional[memoryview] = None
+        self._routed: Optional[_core.RoutedDataset] = None  # the reader over the two, for the workers
         self._get = [dataset.__getitem__ for dataset in datasets]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self.datasets, self.weights, self.seed, self.shuffle))  # the recipe, not the schedule
+        # The recipe, not the schedule (nor its reader); a subclass stays itself, with its own attributes.
+        extra = {k: v for k, v in self.__dict__.items() if k not in _MIX_FIELDS}
+        return (_rebuild, (type(self), self.datasets, self.weights, self.seed, self.shuffle), extra or None)
 
     def _build(self) -> None:
         total = math.fsum(self.weights)
@@ -97,6 +110,9 @@ class Mix:
         # memoryviews: indexing one gives a Python int in ~30 ns (a numpy scalar costs ~3 times that)
         self._sources = memoryview(np.ascontiguousarray(s[order], dtype=source_type))
         self._indices = memoryview(np.ascontiguousarray(k[order], dtype=index_type))
+        names = [f"datasets[{j}] ({type(dataset).__name__})" for j, dataset in enumerate(self.datasets)]
+        self._routed = _core.RoutedDataset(self._sources, self._indices, self._get, names,
+                                           f"sources of {self.lengths}, weights {self.weights}")
 
     def __len__(self) -> int:
         if self._sources is None:
@@ -104,25 +120,32 @@ class Mix:
         return len(self._sources)
 
     def locate(self, i: int) -> tuple[int, int]:
-        """(source, index in that source) of element `i`."""
-        if self._sources is None:
+        """(source, index in that source) of element `i`; IndexError naming the range if out of it."""
+        return self._reader().locate(i)
+
+    def spindle_routed(self) -> Optional[_core.RoutedDataset]:
+        """The reader spindle's workers use for this mix: the C++ row reader reads element i
+        through it as ``sources[i]``, ``indices[i]`` and the source's ``__getitem__``, without
+        calling ``Mix.__getitem__``; the same elements and errors. None for a subclass that
+        reads its elements otherwise (its own ``__getitem__`` is then called)."""
+        return self._reader() if type(self).__getitem__ is Mix.__getitem__ else None
+
+    def _reader(self) -> _core.RoutedDataset:
+        if self._routed is None:
             self._build()
-        n = len(self._sources)
-        if not -n <= i < n:
-            raise IndexError(f"spindle.mix: index {i} is out of range for a mix of {n} elements "
-                             f"(sources of {self.lengths}, weights {self.weights})")
-        return self._sources[i], self._indices[i]
+        return self._routed
 
     def __getitem__(self, i: int) -> Any:
-        # The hot path (once a sample, in the workers): two memoryview lookups and the source's
-        # own __getitem__, bound once; the checks run only when it fails.
+        # Outside spindle's workers (torch's own DataLoader, a loop): two memoryview lookups and
+        # the source's own __getitem__, bound once; the checks run only when one fails.
         try:
-            return self._get[self._sources[i]](self._indices[i])
-        except (TypeError, IndexError):
-            if self._sources is None:  # not built yet
-                self._build()
-                return self[i]
-            self.locate(i)  # raises, naming the range, if `i` is out of it
+            source, index = self._sources[i], self._indices[i]
+        except (TypeError, IndexError):  # not built yet, or out of range
+            source, index = self.locate(i)  # builds the schedule; raises, naming the range
+        try:
+            return self._get[source](index)
+        except Exception as exc:
+            exc.add_note(self._routed.describe(i))  # as the workers' reader notes it
             raise
 
     def spindle_state_key(self) -> dict[str, Any]:
@@ -135,8 +158,14 @@ class Mix:
                 f"seed={self.seed}, shuffle={self.shuffle})")
 
 
-def _rebuild(datasets: list[Any], weights: list[float], seed: int, shuffle: bool) -> Mix:
-    return Mix(datasets, weights, seed=seed, shuffle=shuffle)
+# Mix's own attributes: the recipe travels as _rebuild's arguments, the schedule and its reader are rebuilt.
+_MIX_FIELDS = ("weights", "datasets", "lengths", "seed", "shuffle", "_sources", "_indices", "_routed", "_get")
+
+
+def _rebuild(cls: type, datasets: list[Any], weights: list[float], seed: int, shuffle: bool) -> Mix:
+    mixed = cls.__new__(cls)
+    Mix.__init__(mixed, datasets, weights, seed=seed, shuffle=shuffle)
+    return mixed
 
 
 def _checked_weights(weights: Optional[Sequence[float]], count: int) -> list[float]:
