@@ -194,19 +194,20 @@ void register_loader(py::module_& m) {
   py::class_<Loader, std::unique_ptr<Loader, CloseWithoutGil>>(m, "Loader")
       .def(py::init([](const LoaderOptions& options, const py::buffer& order, bool drop_last, const py::object& starts,
                        std::optional<py::function> worker_main, std::optional<std::vector<std::string>> spawn_argv,
-                       std::vector<int> spawn_fds) {
+                       std::vector<int> spawn_fds, std::vector<std::string> spawn_env) {
              LoaderOptions o = options;
              o.budget_poll = budget_poll();
              o.on_stall = stall_warning();
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, o.batch_capacity, drop_last, starts),
-                               python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds)));
+                               python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds),
+                                               std::move(spawn_env)));
            }),
            py::arg("options"), py::kw_only(), py::arg("order"), py::arg("drop_last") = false,
            py::arg("starts") = py::none(), py::arg("worker_main") = py::none(), py::arg("spawn_argv") = py::none(),
-           py::arg("spawn_fds") = std::vector<int>{},
+           py::arg("spawn_fds") = std::vector<int>{}, py::arg("spawn_env") = std::vector<std::string>{},
            "Starts the workers: forked, each running worker_main(ctx), or spawned from spawn_argv (handed "
-           "spawn_fds; worker_main unused), over `order` cut into batches of options.batch_capacity (or where "
+           "spawn_fds, with the NAME=value entries of spawn_env in their environment; worker_main unused), over `order` cut into batches of options.batch_capacity (or where "
            "`starts` says).")
       .def("next",
            [](Loader& l) -> py::object {

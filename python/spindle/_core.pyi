@@ -470,9 +470,9 @@ class Batch:
         The structure bytes the worker sent with an 'arrays' batch.
         """
 class Loader:
-    def __init__(self, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable | None = None, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> None:
+    def __init__(self, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, starts: typing.Any = None, worker_main: collections.abc.Callable | None = None, spawn_argv: collections.abc.Sequence[str] | None = None, spawn_fds: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = [], spawn_env: collections.abc.Sequence[str] = []) -> None:
         """
-        Starts the workers: forked, each running worker_main(ctx), or spawned from spawn_argv (handed spawn_fds; worker_main unused), over `order` cut into batches of options.batch_capacity (or where `starts` says).
+        Starts the workers: forked, each running worker_main(ctx), or spawned from spawn_argv (handed spawn_fds, with the NAME=value entries of spawn_env in their environment; worker_main unused), over `order` cut into batches of options.batch_capacity (or where `starts` says).
         """
     def close(self, grace: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
         """

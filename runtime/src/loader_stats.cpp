@@ -152,7 +152,9 @@ std::string Loader::describe_workers() const {
     const int64_t sample = rec.sample_index.load(std::memory_order_relaxed);
     const int64_t since = rec.busy_since_ns.load(std::memory_order_relaxed);
     char line[200];
-    if (batch < 0) {
+    if (rec.pid.load() == 0) {
+      std::snprintf(line, sizeof line, "%sworker %u starting", w ? "; " : "", w);
+    } else if (batch < 0) {
       std::snprintf(line, sizeof line, "%sworker %u (pid %d) idle, waiting for input", w ? "; " : "", w,
                     static_cast<int>(rec.pid.load()));
     } else {

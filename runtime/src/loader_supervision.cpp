@@ -125,7 +125,7 @@ std::string Loader::describe_holder(uint32_t slot) const {
     std::string who;
     for (uint32_t w = 0; w < static_cast<uint32_t>(options_.num_workers); ++w) {
       const pid_t pid = r.worker(w).pid.load();
-      who += (w ? ", " : "") + std::to_string(w) + " (pid " + std::to_string(pid) + ") " + process_state(pid);
+      who += (w ? ", " : "") + std::to_string(w) + (pid == 0 ? std::string(" starting") : " (pid " + std::to_string(pid) + ") " + process_state(pid));
     }
     return "not yet claimed by a worker (workers: " + who + ")";
   }
@@ -135,6 +135,13 @@ std::string Loader::describe_holder(uint32_t slot) const {
   const pid_t pid = rec.pid.load();
   return "held by worker " + std::to_string(w) + " (pid " + std::to_string(pid) + ", " + process_state(pid) +
          ") at sample index " + std::to_string(rec.sample_index.load());
+}
+
+bool Loader::workers_started() const noexcept {
+  const BatchRing& r = ring_->ring;
+  for (uint32_t w = 0; w < r.geometry().num_workers; ++w)
+    if (r.worker(w).pid.load(std::memory_order_relaxed) == 0) return false;
+  return true;
 }
 
 void Loader::fail_closed(const std::string& message, bool timeout) {
@@ -209,6 +216,7 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
   if (inflight_.empty()) SPINDLE_FAIL_INTERNAL("spindle: no batch in flight");
   auto& completed = r.header().completed;
   const auto start = std::chrono::steady_clock::now();
+  auto stall_from = start;  // the stall clock runs once every worker has started
   bool warned = false;
   for (;;) {
     if (closed()) return std::nullopt;
@@ -228,7 +236,8 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
       check_workers();
       if (poll) poll();
     }
-    if (!warned && options_.stall_warning.count() > 0 && now - start >= options_.stall_warning) {
+    if (!warned && options_.stall_warning.count() > 0 && !workers_started()) stall_from = now;
+    if (!warned && options_.stall_warning.count() > 0 && now - stall_from >= options_.stall_warning) {
       warned = true;  // once per wait
       const uint32_t s = inflight_.front();
       const std::string message = "spindle: next() has waited " + seconds(options_.stall_warning) +

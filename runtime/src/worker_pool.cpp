@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -203,6 +205,18 @@ class SpawnedWorkers final : public ChildProcesses {
     // dup2 of the same spawn.
     segment_ = lift(segment_fd);
     for (int fd : spec_.fds) sources_.push_back(lift(fd));
+    // This process's environment with spec_.env set over it (an entry of the
+    // same name is replaced).
+    for (auto& entry : spec_.env) envp_.push_back(entry.data());
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view var(*e);
+      const std::string_view name = var.substr(0, var.find('='));
+      const bool replaced = std::any_of(spec_.env.begin(), spec_.env.end(), [name](const std::string& entry) {
+        return entry.size() > name.size() && entry.compare(0, name.size(), name) == 0 && entry[name.size()] == '=';
+      });
+      if (!replaced) envp_.push_back(*e);
+    }
+    envp_.push_back(nullptr);
   }
 
   pid_t start(int w, int /*n*/) override {
@@ -218,7 +232,7 @@ class SpawnedWorkers final : public ChildProcesses {
     for (std::size_t i = 0; i < sources_.size(); ++i)
       posix_spawn_file_actions_adddup2(&actions, sources_[i], kSpawnSegmentFd + 1 + static_cast<int>(i));
     pid_t pid = 0;
-    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp_.data());
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) {
       errno = rc;
@@ -252,6 +266,7 @@ class SpawnedWorkers final : public ChildProcesses {
   Fds high_;  // the lifted copies of the segment and the sources
   int segment_ = -1;
   std::vector<int> sources_;
+  std::vector<char*> envp_;  // into spec_.env and environ
 };
 
 // ---------------------------------------------------------------- the zygote's children

@@ -121,7 +121,7 @@ TEST(WorkerPoolPids, ShutdownSparesTheReusedPidOfASpawnedWorker) {
   if (!kernel_has_pidfds()) GTEST_SKIP() << "no pidfd_open here: the pool uses pids";
   expect_ok(run_in_pid_namespace([] {
     const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    WorkerPool pool(1, spawned_workers(SpawnSpec{{"/bin/true"}, {}}, fd));
+    WorkerPool pool(1, spawned_workers(SpawnSpec{{"/bin/true"}, {}, {}}, fd));
     close(fd);
     return reaped_elsewhere_then_reused(pool);
   }));
@@ -207,6 +207,25 @@ TEST(WorkerPoolStart, ABeforeForkHookThatThrowsStopsTheWorkersAlreadyStarted) {
     EXPECT_EQ(waitpid(pid, &status, WNOHANG), -1) << "worker " << pid << " was not reaped";
     EXPECT_EQ(errno, ECHILD);
   }
+}
+
+// Proves: a spawned worker starts in this process's environment with SpawnSpec::env set over it
+// (an entry of a name this process has replaces it; the other names are kept).
+TEST(WorkerPoolSpawn, TheProgramStartsWithSpecEnvOverThisProcesssEnvironment) {
+  setenv("SPINDLE_TEST_KEPT", "kept", 1);
+  setenv("SPINDLE_TEST_SET", "old", 1);
+  const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  WorkerPool pool(1, spawned_workers(SpawnSpec{{"/bin/sh", "-c", "test \"$SPINDLE_TEST_SET\" = new && test \"$SPINDLE_TEST_KEPT\" = kept", "sh"},
+                                               {},
+                                               {"SPINDLE_TEST_SET=new"}},
+                                     fd));
+  close(fd);
+  std::optional<WorkerExit> exit;
+  ASSERT_TRUE(eventually(10s, [&] { return (exit = pool.poll_exit()).has_value(); })) << "the program did not end";
+  EXPECT_FALSE(exit->signaled);
+  EXPECT_EQ(exit->code, 0) << "the program saw another environment";
+  unsetenv("SPINDLE_TEST_KEPT");
+  unsetenv("SPINDLE_TEST_SET");
 }
 
 }  // namespace

@@ -146,3 +146,48 @@ def test_an_unpicklable_dataset_under_spawn_warns_and_raises_like_torch():
         outcomes.append((type(raised.value), str(raised.value), words))
     assert outcomes[1] == outcomes[0]
     assert outcomes[0][2] and outcomes[0][2][0].startswith("Got pickle error when attempting to start a worker")
+
+
+class EnvironmentAtStart(Dataset):
+    """Each sample: what the worker's interpreter saw in its environment as it started (before
+    its first line ran), recorded by the sitecustomize of the test."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import sitecustomize
+        return torch.tensor([int(sitecustomize.OMP_AT_START or -1)])
+
+
+def test_a_spawned_worker_starts_with_one_thread_per_runtime_in_its_environment(tmp_path, monkeypatch):
+    """Proves: a spawned worker's interpreter has OMP_NUM_THREADS=1 (and the other one-thread settings)
+    from its first instruction, so a site hook that imports torch or numpy (a sitecustomize, a .pth
+    file) loads their thread pools at one thread, not at the machine's size."""
+    (tmp_path / "sitecustomize.py").write_text("import os\nOMP_AT_START = os.environ.get('OMP_NUM_THREADS')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the spawned interpreters' site imports it
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    got = [int(b) for b in DataLoader(EnvironmentAtStart(), batch_size=None, num_workers=1,
+                                      multiprocessing_context="spawn")]
+    assert got == [1, 1]
+
+
+def test_a_spawned_workers_start_is_not_a_stall(tmp_path, monkeypatch):
+    """Proves: the stall warning's clock starts once the workers have started: a spawned worker
+    whose dataset module takes 1.5 s to import gives no StallWarning at a 0.3 s threshold (torch
+    warns of nothing there either), and the batches arrive."""
+    from spindle.errors import StallWarning
+    (tmp_path / "slow_to_import.py").write_text(
+        "import time\nimport torch\ntime.sleep(1.5)\n\n"
+        "class Squares(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 4\n\n"
+        "    def __getitem__(self, i):\n        return i * i\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SPINDLE_STALL_WARNING", "0.3")
+    import slow_to_import
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        batches = [b.tolist() for b in DataLoader(slow_to_import.Squares(), batch_size=2, num_workers=1,
+                                                  multiprocessing_context="spawn")]
+    assert batches == [[0, 1], [4, 9]]
+    assert [str(w.message) for w in got if issubclass(w.category, StallWarning)] == []

@@ -45,8 +45,8 @@ WorkerMain python_worker_main(py::function fn) {
 }
 
 Launcher python_launcher(std::optional<py::function> worker_main, std::optional<std::vector<std::string>> spawn_argv,
-                         std::vector<int> spawn_fds) {
-  if (spawn_argv) return Launcher::spawn(SpawnSpec{*spawn_argv, std::move(spawn_fds)});
+                         std::vector<int> spawn_fds, std::vector<std::string> spawn_env) {
+  if (spawn_argv) return Launcher::spawn(SpawnSpec{*spawn_argv, std::move(spawn_fds), std::move(spawn_env)});
   if (!worker_main) throw py::value_error("spindle: a Loader needs worker_main (forked workers) or spawn_argv");
   return Launcher::fork(python_worker_main(std::move(*worker_main)), interpreter_fork_hooks());
 }

@@ -18,8 +18,10 @@ int system_exit_code(const pybind11::object& exc);
 // sys.exit(code) exits with code; any other exception is printed, status 1.
 WorkerMain python_worker_main(pybind11::function fn);
 // How a Loader built from Python starts its workers: spawned from
-// `spawn_argv` (nothing forked; worker_main unused), else forked running
-// worker_main with the interpreter's fork protocol (the GIL stays held).
+// `spawn_argv` in an environment with `spawn_env` set (nothing forked;
+// worker_main unused), else forked running worker_main with the
+// interpreter's fork protocol (the GIL stays held).
 Launcher python_launcher(std::optional<pybind11::function> worker_main,
-                         std::optional<std::vector<std::string>> spawn_argv, std::vector<int> spawn_fds);
+                         std::optional<std::vector<std::string>> spawn_argv, std::vector<int> spawn_fds,
+                         std::vector<std::string> spawn_env);
 }  // namespace spindle::python

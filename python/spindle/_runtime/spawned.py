@@ -166,11 +166,17 @@ class WorkerPayload:
 def worker_argv() -> list[str]:
     """The program a spawned worker runs: this interpreter, with this process's
     sys.path (so that the dataset's own modules unpickle), then main()."""
-    # The environment comes first: importing spindle imports numpy, whose
-    # OpenBLAS starts its pool at import time.
     return [sys.executable, "-c",
-            f"import os; os.environ.update({one_thread_environment()!r}); import sys; "
-            f"sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import main; sys.exit(main())"]
+            f"import sys; sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import main; sys.exit(main())"]
+
+
+def worker_env() -> list[str]:
+    """What a spawned worker's environment sets over the consumer's: one thread per runtime.
+
+    In the environment the new interpreter starts with, not set by its first line: before
+    that line the interpreter's site hooks run (a sitecustomize, a .pth file), and any that
+    imports torch or numpy loads OpenMP or OpenBLAS, which size their pools once, at load."""
+    return [f"{name}={value}" for name, value in one_thread_environment().items()]
 
 
 if __name__ == "__main__":  # last: main() uses the helpers above

@@ -60,7 +60,7 @@ from .._runtime.stats import HasStats
 from .._runtime.forking import forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
-from .._runtime.spawned import WorkerPayload, worker_argv
+from .._runtime.spawned import WorkerPayload, worker_argv, worker_env
 from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
@@ -278,7 +278,7 @@ class DataLoader(HasStats, Generic[_T_co]):
                 raise
             with payload:
                 runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(),
-                                       spawn_fds=payload.fds)
+                                       spawn_fds=payload.fds, spawn_env=worker_env())
         else:
             with forking():
                 runtime = _core.Loader(options, order=order, starts=starts,

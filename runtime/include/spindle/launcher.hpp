@@ -43,11 +43,16 @@ struct ForkHooks {
 // A worker started as a new program (posix_spawn) instead of a fork, for
 // callers whose process must not be forked (e.g. CUDA initialized). Worker w
 // runs `argv` + ["--worker", w, "--parent", <consumer pid>] with the segment
-// on descriptor 3 and `fds[i]` on descriptor 4 + i; it attaches with an
-// AttachedWorker (worker_context.hpp).
+// on descriptor 3 and `fds[i]` on descriptor 4 + i, in this process's
+// environment with `env` set over it; it attaches with an AttachedWorker
+// (worker_context.hpp).
 struct SpawnSpec {
   std::vector<std::string> argv;  // argv[0] is the program path
   std::vector<int> fds;           // extra descriptors the program reads
+  // "NAME=value" entries, in the environment from the program's first
+  // instruction (a Python program's site hooks import libraries that read
+  // their thread counts at load).
+  std::vector<std::string> env;
 };
 inline constexpr int kSpawnSegmentFd = 3;
 

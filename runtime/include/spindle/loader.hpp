@@ -228,6 +228,9 @@ class Loader {
   [[noreturn]] void fail_closed(const WorkerDiedError& died);
   void check_skips(bool final);
   std::string describe_holder(uint32_t slot) const;
+  // Every worker has written its pid into its record: a spawned one only once
+  // its interpreter has started and loaded the payload (seconds).
+  bool workers_started() const noexcept;
   std::string describe_batch(std::size_t b) const;
 
   LoaderOptions options_;
