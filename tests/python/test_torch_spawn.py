@@ -191,3 +191,26 @@ def test_a_spawned_workers_start_is_not_a_stall(tmp_path, monkeypatch):
                                                   multiprocessing_context="spawn")]
     assert batches == [[0, 1], [4, 9]]
     assert [str(w.message) for w in got if issubclass(w.category, StallWarning)] == []
+
+
+def test_a_closed_spawned_worker_runs_its_exit_handlers_and_exits_with_0(tmp_path, monkeypatch):
+    """Proves: a spawned worker that the consumer closes ends as multiprocessing ends its children:
+    its atexit handlers run (multiprocessing's flushes the queues a dataset put to) and it exits
+    with 0, as torch's test_iterable_style_dataset checks of torch's workers."""
+    done = tmp_path / "atexit-ran"
+    (tmp_path / "exits_cleanly.py").write_text(
+        "import atexit\nimport torch\n\n"
+        f"atexit.register(lambda: open({str(done)!r}, 'a').write('x'))\n\n"
+        "class Numbers(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 4\n\n"
+        "    def __getitem__(self, i):\n        return i\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import exits_cleanly
+    it = iter(DataLoader(exits_cleanly.Numbers(), batch_size=2, num_workers=1, multiprocessing_context="spawn"))
+    assert [b.tolist() for b in it] == [[0, 1], [2, 3]]
+    workers = it._workers
+    del it
+    for w in workers:
+        w.join(10)
+        assert w.exitcode == 0
+    assert done.read_text() == "x"

@@ -23,6 +23,7 @@ the same in every worker, so one payload serves them all.
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import multiprocessing.context
 import multiprocessing.process
@@ -30,6 +31,8 @@ import multiprocessing.spawn
 import os
 import pickle
 import sys
+import threading
+import traceback
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Optional
@@ -163,11 +166,38 @@ class WorkerPayload:
         self.close()
 
 
+def run() -> None:
+    """main(), then the end of a worker process as multiprocessing ends its children: the
+    threads the dataset started are waited for, the exit handlers run (multiprocessing's
+    flushes the queues a dataset put to; the user's atexit), the streams are flushed, and the
+    process exits without tearing every module down. That teardown takes a second or more with
+    torch loaded on a busy machine, past the consumer's grace for a closing worker, which would
+    then be killed (exit code -9 where torch's worker exits with 0)."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:  # noqa: BLE001 - printed as the interpreter would, exit status 1
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # sys.exit("message"): printed, status 1
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream is not the worker's failure
+            pass
+    os._exit(code or 0)
+
+
 def worker_argv() -> list[str]:
     """The program a spawned worker runs: this interpreter, with this process's
-    sys.path (so that the dataset's own modules unpickle), then main()."""
+    sys.path (so that the dataset's own modules unpickle), then run()."""
     return [sys.executable, "-c",
-            f"import sys; sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import main; sys.exit(main())"]
+            f"import sys; sys.path[:0] = {sys.path!r}; from spindle._runtime.spawned import run; run()"]
 
 
 def worker_env() -> list[str]:
@@ -180,4 +210,4 @@ def worker_env() -> list[str]:
 
 
 if __name__ == "__main__":  # last: main() uses the helpers above
-    sys.exit(main())
+    run()
