@@ -77,29 +77,32 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what, std::size_t r
   const std::string name = std::string(kPrefix) + std::to_string(getpid()) + "." +
                            std::to_string(g_counter.fetch_add(1));
   try {
-    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write);
-    // From here on the name must go whatever happens.
-    struct Unlink {
-      const std::string& n;
-      ~Unlink() { bip::shared_memory_object::remove(n.c_str()); }
-    } unlink{name};
-    int fd = shm.get_mapping_handle().handle;
-    // A sparse file of the whole size: only reserved ranges take memory.
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
-      SPINDLE_THROW_ERRNO("spindle: cannot size the shared memory segment for " + what + " to " + mib(bytes));
-    // MAP_NORESERVE: the window is address space, not memory, until reserved.
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-    if (p == MAP_FAILED)
-      SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " of address space for " + what +
-                          " failed (ulimit -v? lower max_batch_bytes)");
-    data_ = static_cast<std::byte*>(p);
-    // Kept (close-on-exec) so the segment can be handed to workers that are
-    // not forks of this process (see zygote.hpp), and so slots can grow.
-    fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    {
+      bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write);
+      // The name goes at once, before the segment is sized, mapped or backed: only the
+      // microseconds of this block can strand it (a SIGKILL here; reclaim_stale covers that).
+      struct Unlink {
+        const std::string& n;
+        ~Unlink() { bip::shared_memory_object::remove(n.c_str()); }
+      } unlink{name};
+      // Kept (close-on-exec) so the segment can be handed to workers that are
+      // not forks of this process (see zygote.hpp), and so slots can grow.
+      fd_ = fcntl(shm.get_mapping_handle().handle, F_DUPFD_CLOEXEC, 0);
+      if (fd_ < 0) SPINDLE_THROW_ERRNO("spindle: cannot keep the shared memory segment for " + what);
+    }
     try {
+      // A sparse file of the whole size: only reserved ranges take memory.
+      if (ftruncate(fd_, static_cast<off_t>(bytes)) != 0)
+        SPINDLE_THROW_ERRNO("spindle: cannot size the shared memory segment for " + what + " to " + mib(bytes));
+      // MAP_NORESERVE: the window is address space, not memory, until reserved.
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+      if (p == MAP_FAILED)
+        SPINDLE_THROW_ERRNO("spindle: mmap of " + mib(bytes) + " of address space for " + what +
+                            " failed (ulimit -v? lower max_batch_bytes)");
+      data_ = static_cast<std::byte*>(p);
       reserve(0, std::min(reserve_bytes, bytes), what);
     } catch (...) {  // no destructor runs for a half-built segment
-      munmap(data_, size_);
+      if (data_) munmap(data_, size_);
       close(fd_);
       throw;
     }

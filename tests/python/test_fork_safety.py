@@ -92,3 +92,27 @@ def test_garbage_the_consumer_left_is_not_finalized_inside_a_worker(front):
     os.close(write_fd)
     with os.fdopen(read_fd) as got:
         assert got.read().split() == [str(os.getpid())]
+
+
+@pytest.mark.parametrize("front", ["spindle", "torch"])
+def test_starting_workers_leaves_the_consumers_garbage_to_its_young_collections(front):
+    """Proves: forking workers does not move what the consumer has not collected yet into its oldest
+    generation, where a dropped loader caught in a cycle would keep its workers (and arena threads and
+    shared memory) until a full collection: the next young collection after the forks stops them."""
+    import gc
+    import spindle.torch
+    make = spindle.DataLoader if front == "spindle" else spindle.torch.DataLoader
+    gc.collect()
+    gc.disable()  # keep the cycle uncollected until the next loader forks, as a busy consumer may
+    try:
+        dropped = iter(make(Images(64), batch_size=8, num_workers=1))
+        next(dropped)
+        pids = dropped.worker_pids
+        cycle = [dropped]
+        cycle.append(cycle)  # held only by itself, as a traceback holds a frame that holds the iterator
+        del dropped, cycle
+        assert sum(len(b) for b in make(Images(64), batch_size=8, num_workers=1)) == 64
+        gc.collect(1)  # the two young generations only
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+    finally:
+        gc.enable()

@@ -29,9 +29,14 @@ def make_loader(front, dataset, **kwargs):
 
 
 def run_child(code, **env):
-    """Starts a Python child running `code` (with tests/python on sys.path and `env` added)."""
+    """Starts a Python child running `code` (with tests/python on sys.path and `env` added).
+
+    The child handles SIGINT as an interactive Python does (KeyboardInterrupt), even when this
+    run inherited it ignored (a background job of a non-interactive shell): Python leaves an
+    ignored SIGINT ignored, and the Ctrl-C tests would then prove nothing."""
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+    code = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(code)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 

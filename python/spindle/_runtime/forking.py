@@ -8,7 +8,7 @@ import os
 import pickle
 import signal
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from .._budget.caps import openblas_capped_across_forks
 
@@ -17,21 +17,29 @@ from .._budget.caps import openblas_capped_across_forks
 HELPER_WAIT_S = 30.0
 
 
+# Whether the consumer's garbage collector ran when it entered forking(): None
+# outside it. A child forked inside it reads its inherited copy (started_in_fork).
+_collecting_at_fork: Optional[bool] = None
+
+
 @contextlib.contextmanager
 def forking() -> Iterator[None]:
-    """Around spindle's own forks: freezes the garbage collector's view of
-    what the children inherit, silences JAX's at-fork warning, and caps
-    the consumer's OpenBLAS for the children to inherit.
+    """Around spindle's own forks: keeps the garbage collector out of what the
+    children inherit, silences JAX's at-fork warning, and caps the consumer's
+    OpenBLAS for the children to inherit.
 
-    Frozen (``gc.freeze()``, as Python's docs advise before a fork without
-    exec), the objects the consumer holds at the fork are never examined by a
-    child's collector: unreachable cycles the consumer had not collected yet
-    (an earlier loader's iterator held by a traceback, a pool, a progress
-    bar) are not finalized inside a worker, where their finalizers would
+    The recipe of Python's docs for a fork without exec: the collector is
+    disabled across the forks (here, in the consumer) and each child freezes
+    what it inherited before it enables its own collector again
+    (started_in_fork). So unreachable cycles the consumer had not collected
+    yet (an earlier loader's iterator held by a traceback, a pool, a progress
+    bar) are never finalized inside a worker, where their finalizers would
     wait on locks and threads that exist only in the consumer; and the
-    collector does not write to the inherited objects' pages, so they stay
-    shared. The consumer unfreezes when the forks are done, unless something
-    had frozen before (then what it froze stays frozen, as it asked).
+    child's collector does not write to the inherited objects' pages, so
+    they stay shared. The consumer's own collector is left as it was: its
+    generations are untouched (a freeze there would push its young garbage
+    into the oldest generation, where a dropped loader's workers and shared
+    memory would wait for a full collection).
 
     JAX warns on every fork of a process where it runs, because a child that
     calls into JAX can deadlock. spindle's children run only spindle's code and
@@ -40,16 +48,33 @@ def forking() -> Iterator[None]:
     OpenBLAS cannot be capped in the child without starting its pool there
     (``_caps.openblas_capped_across_forks``).
     """
+    global _collecting_at_fork
     parent = os.getpid()
-    frozen_before = gc.get_freeze_count()
-    gc.freeze()
+    enabled = gc.isenabled()
+    gc.disable()
+    _collecting_at_fork = enabled
     try:
         with warnings.catch_warnings(), openblas_capped_across_forks():
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             yield
     finally:
-        if frozen_before == 0 and os.getpid() == parent:
-            gc.unfreeze()
+        if os.getpid() == parent:
+            _collecting_at_fork = None
+            if enabled:
+                gc.enable()
+
+
+def started_in_fork() -> None:
+    """First thing in a child forked inside forking(): freezes every object it
+    inherited (its collector never examines them), then collects again if the
+    consumer did. Elsewhere (a spawned worker, the consumer) it does nothing."""
+    global _collecting_at_fork
+    if _collecting_at_fork is None:
+        return
+    gc.freeze()
+    if _collecting_at_fork:
+        gc.enable()
+    _collecting_at_fork = None
 
 
 def call_in_fork(fn: Callable[[], Any]) -> Any:
@@ -81,6 +106,7 @@ def call_in_fork(fn: Callable[[], Any]) -> Any:
     if pid == 0:  # child
         code = 1
         try:
+            started_in_fork()
             os.close(read_fd)
             _die_with_parent(parent)
             try:

@@ -1,8 +1,8 @@
 #pragma once
 // ShmSegment: one shared-memory mapping, created eagerly and unlinked at once.
 //
-// Lifetime rule: the name exists only between creation and the first mapping
-// (microseconds). Workers are forked after that and inherit the mapping, so no
+// Lifetime rule: the name exists only between creation and keeping a descriptor
+// of it (microseconds), before the segment is sized, mapped or backed. Workers are forked after that and inherit the mapping, so no
 // name can outlive the loader, whatever kills it. The one window where a
 // SIGKILL could strand a name is covered by a janitor: every new segment first
 // removes "spindle.<pid>.*" names whose <pid> is no longer alive.
