@@ -21,7 +21,7 @@ from . import _core
 from ._budget.policy import resolve_policy, warn_if_shrunk
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.forking import forking
+from ._runtime.forking import forked_worker, forking
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
@@ -311,7 +311,7 @@ class DataLoader(HasStats):
         options.max_threads = self.max_threads
         options.budget_policy = self.budget_policy
         with forking():
-            runtime = _core.Loader(options, order=order, drop_last=self.drop_last, worker_main=lambda ctx: body(ctx))
+            runtime = _core.Loader(options, order=order, drop_last=self.drop_last, worker_main=forked_worker(body))
         warn_if_shrunk(runtime, stacklevel=3)
         return runtime
 

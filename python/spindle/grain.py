@@ -44,7 +44,7 @@ from . import _core
 from ._budget.policy import fixed_worker_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats, StatsBook
-from ._runtime.forking import call_in_fork, forking
+from ._runtime.forking import call_in_fork, forked_worker, forking
 from ._runtime.layout import BatchReader, SlotWriter
 from ._runtime.persistent import reset_or_restart
 from ._runtime.worker import batch_decoder, read_stream_kept, run_stream_worker
@@ -184,7 +184,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         # when short).
         options.budget_policy = fixed_worker_policy()
         with forking():
-            runtime = _core.Loader(options, order=np.empty(0, np.int64), worker_main=lambda ctx: body(ctx))
+            runtime = _core.Loader(options, order=np.empty(0, np.int64), worker_main=forked_worker(body))
         return runtime
 
     @property

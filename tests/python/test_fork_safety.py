@@ -116,3 +116,70 @@ def test_starting_workers_leaves_the_consumers_garbage_to_its_young_collections(
         assert not any(os.path.exists(f"/proc/{p}") for p in pids)
     finally:
         gc.enable()
+
+
+class _PutsToQueue:
+    """Each sample read puts its index to a multiprocessing Queue the consumer made."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.queue.put(i)
+        return np.full(2, i, np.int64)
+
+
+def _loader_class(front):
+    import torch.utils.data
+    import spindle.torch
+    return {"spindle": spindle.DataLoader, "spindle.torch": spindle.torch.DataLoader,
+            "torch": torch.utils.data.DataLoader}[front]
+
+
+@pytest.mark.parametrize("front", ["spindle", "spindle.torch", "torch"])
+def test_a_queue_the_consumer_has_used_carries_what_the_workers_put(front):
+    """Proves: a multiprocessing Queue whose feeder thread already runs in the consumer carries what
+    forked workers put, as under torch's DataLoader (multiprocessing's after-fork callbacks run in each
+    worker: without them the worker's puts wait for a feeder thread that exists only in the consumer)."""
+    import multiprocessing
+    import queue as queues
+    q = multiprocessing.Queue()
+    q.put(-1)
+    assert q.get(timeout=10) == -1  # the consumer's feeder thread runs
+    assert sum(len(b) for b in _loader_class(front)(_PutsToQueue(q), batch_size=2, num_workers=2)) == 8
+    got = []
+    try:
+        while len(got) < 8:
+            got.append(q.get(timeout=10))
+    except queues.Empty:
+        pass
+    assert sorted(got) == list(range(8))
+
+
+class _Kept:
+    """Something for the consumer's exit finalizer to be attached to."""
+
+
+@pytest.mark.parametrize("front", ["spindle", "spindle.torch", "torch"])
+def test_workers_run_their_own_exit_finalizers_and_never_the_consumers(front):
+    """Proves: as in torch's forked workers, a multiprocessing exit finalizer a worker registered runs when
+    it ends (a Queue's flushes what it put), and one the consumer registered before the fork never runs
+    in a worker (it may remove the consumer's files)."""
+    import multiprocessing.util
+    read_fd, write_fd = os.pipe()
+    kept = _Kept()
+    consumers = multiprocessing.util.Finalize(kept, os.write, (write_fd, b"consumer\n"), exitpriority=0)
+    try:
+        def register(worker_id):
+            multiprocessing.util.Finalize(None, os.write, (write_fd, f"worker {worker_id}\n".encode()), exitpriority=0)
+        loader = _loader_class(front)(np.arange(8), batch_size=2, num_workers=2, worker_init_fn=register)
+        assert sum(len(b) for b in loader) == 8
+        del loader
+    finally:
+        consumers.cancel()
+        os.close(write_fd)
+    with os.fdopen(read_fd) as got:
+        assert sorted(got.read().splitlines()) == ["worker 0", "worker 1"]

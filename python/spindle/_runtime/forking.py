@@ -7,6 +7,8 @@ import gc
 import os
 import pickle
 import signal
+import sys
+import threading
 import warnings
 from typing import Any, Callable, Iterator, Optional
 
@@ -64,10 +66,30 @@ def forking() -> Iterator[None]:
                 gc.enable()
 
 
+def forked_worker(body: Callable[[Any], int]) -> Callable[[Any], int]:
+    """The ``worker_main`` of a loader's forked workers: ``body(ctx)`` run as
+    multiprocessing runs a forked child's target (its ``Process._bootstrap``),
+    between started_in_fork() and ended_in_fork()."""
+    def main(ctx: Any) -> int:
+        started_in_fork()
+        try:
+            return body(ctx)
+        finally:
+            ended_in_fork()
+    return main
+
+
 def started_in_fork() -> None:
-    """First thing in a child forked inside forking(): freezes every object it
-    inherited (its collector never examines them), then collects again if the
-    consumer did. Elsewhere (a spawned worker, the consumer) it does nothing."""
+    """First thing in a child forked inside forking(); elsewhere (a spawned worker,
+    the consumer) it does nothing.
+
+    Freezes every object the child inherited (its collector never examines
+    them), then collects again if the consumer did. And, if the consumer uses
+    multiprocessing, does what multiprocessing does first in a forked child:
+    the consumer's children and exit finalizers are not this process's, and
+    the after-fork callbacks run (a ``Queue`` the consumer has used gets a new
+    feeder thread here, without which what a worker puts is never sent; a
+    manager's proxy takes its own reference)."""
     global _collecting_at_fork
     if _collecting_at_fork is None:
         return
@@ -75,6 +97,21 @@ def started_in_fork() -> None:
     if _collecting_at_fork:
         gc.enable()
     _collecting_at_fork = None
+    if (process := sys.modules.get("multiprocessing.process")) is not None:
+        process._children = set()  # type: ignore[attr-defined]
+    if (util := sys.modules.get("multiprocessing.util")) is not None:
+        util._finalizer_registry.clear()  # type: ignore[attr-defined]
+        util._run_after_forkers()  # type: ignore[attr-defined]
+
+
+def ended_in_fork() -> None:
+    """Last thing in a forked worker, as multiprocessing ends a forked child: its
+    exit finalizers run (a ``Queue``'s joins its feeder thread, so what the worker
+    put is sent), then the threads the dataset started are waited for. The
+    consumer's ``atexit`` handlers do not run here, as in multiprocessing."""
+    if (util := sys.modules.get("multiprocessing.util")) is not None:
+        util._exit_function()  # type: ignore[attr-defined]
+    threading._shutdown()  # type: ignore[attr-defined]
 
 
 def call_in_fork(fn: Callable[[], Any]) -> Any:

@@ -24,7 +24,6 @@ import numpy.random  # noqa: F401
 from .._budget.caps import cap_worker_pools
 from .._core import MIN_SLOT_BYTES
 from .failures import pack_exception
-from .forking import started_in_fork
 from .layout import BatchReader
 
 
@@ -56,7 +55,6 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
     (see _answer_failed_start); as in torch, the error surfaces at ``next()``
     and the worker stays up, so the consumer never sees a bare exit code.
     """
-    started_in_fork()  # before anything allocates: the consumer's garbage stays out of our collector
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

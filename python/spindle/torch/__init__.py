@@ -57,7 +57,7 @@ from .. import _core
 from .._budget.policy import resolve_policy, warn_if_shrunk
 from .._runtime.epoch import EpochIterator
 from .._runtime.stats import HasStats
-from .._runtime.forking import forking
+from .._runtime.forking import forked_worker, forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
 from .._runtime.spawned import WorkerPayload, worker_argv, worker_env
@@ -282,7 +282,7 @@ class DataLoader(HasStats, Generic[_T_co]):
         else:
             with forking():
                 runtime = _core.Loader(options, order=order, starts=starts,
-                                       worker_main=lambda ctx: body(ctx, **kwargs))
+                                       worker_main=forked_worker(partial(body, **kwargs)))
         warn_if_shrunk(runtime, stacklevel=4)
         return runtime
 
