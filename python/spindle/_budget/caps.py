@@ -264,11 +264,12 @@ class ThreadWatchdog:
                 listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())
                 warnings.warn(
                     f"spindle: worker {worker_id} (pid {pid}) runs {len(names)} threads, over its lease of "
-                    f"{self._lease}: {listed}. Dataset code started a thread pool in the worker, or a library's "
-                    "fork handler did (torch restarts one pool thread in every child of a process that called "
-                    "torch.set_num_threads). Cap it (torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA "
-                    "thread options), create it lazily outside the workers, or use "
-                    "multiprocessing_context='spawn'. Every worker's extra threads count against ulimit -u."
+                    f"{self._lease}: {listed}. Dataset code started them in the worker (a thread pool, or a "
+                    "multiprocessing Queue's feeder thread: one per Queue the worker puts to), or, in a forked "
+                    "worker, a library's fork handler did (torch restarts one pool thread in every child of a "
+                    "process that called torch.set_num_threads; multiprocessing_context='spawn' avoids it). "
+                    "Cap pools (torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA thread options) or create "
+                    "them lazily outside the workers. Every worker's extra threads count against ulimit -u."
                     + _NO_THREADPOOLCTL * (threadpoolctl is None),
                     RuntimeWarning, stacklevel=3)
                 return
