@@ -183,3 +183,24 @@ def test_workers_run_their_own_exit_finalizers_and_never_the_consumers(front):
         os.close(write_fd)
     with os.fdopen(read_fd) as got:
         assert sorted(got.read().splitlines()) == ["worker 0", "worker 1"]
+
+
+class _WhoAmI:
+    """Each sample: is the worker the main process by multiprocessing's name, its parent's pid, is that parent alive."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        import multiprocessing
+        parent = multiprocessing.parent_process()
+        return np.array([multiprocessing.current_process().name == "MainProcess",
+                         -1 if parent is None else parent.pid, parent is not None and parent.is_alive()], np.int64)
+
+
+@pytest.mark.parametrize("front", ["spindle", "spindle.torch", "torch"])
+def test_multiprocessing_sees_a_worker_as_a_child_of_the_consumer(front):
+    """Proves: as in torch's workers, multiprocessing.current_process() in a worker is not "MainProcess"
+    (code meant for the main process only checks that name) and parent_process() is the live consumer."""
+    rows = np.concatenate([np.asarray(b) for b in _loader_class(front)(_WhoAmI(), batch_size=1, num_workers=2)])
+    assert rows.tolist() == [[0, os.getpid(), 1]] * 2

@@ -214,3 +214,26 @@ def test_a_closed_spawned_worker_runs_its_exit_handlers_and_exits_with_0(tmp_pat
         w.join(10)
         assert w.exitcode == 0
     assert done.read_text() == "x"
+
+
+class WhoAmI(Dataset):
+    """Each sample: the worker's multiprocessing name is not "MainProcess", its parent's pid, that parent alive."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        parent = multiprocessing.parent_process()
+        return torch.tensor([multiprocessing.current_process().name != "MainProcess",
+                             -1 if parent is None else parent.pid, parent is not None and parent.is_alive()])
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_multiprocessing_sees_a_spawned_worker_as_a_child_of_the_consumer(method):
+    """Proves: in a spawned worker, as in torch's, current_process() is not "MainProcess" and
+    parent_process() is the live consumer."""
+    import os
+    expected = [[1, os.getpid(), 1]] * 2
+    for cls in (TorchLoader, DataLoader):
+        rows = torch.cat(list(cls(WhoAmI(), batch_size=1, num_workers=WORKERS, multiprocessing_context=method)))
+        assert rows.tolist() == expected, cls

@@ -9,6 +9,7 @@ is pickled into the slot for the consumer to re-raise, and the worker goes on.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import signal
@@ -47,6 +48,28 @@ def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
     return decode
 
 
+def _as_multiprocessing_child(worker_id: int) -> None:
+    """What multiprocessing says of this process is what it says in torch's workers (its
+    children): ``current_process()`` is not "MainProcess" (code that runs only in the main
+    process checks that name; logging's processName shows it) but "SpindleWorker-<n>", n =
+    worker id + 1, and ``parent_process()`` is the consumer. Unlike torch's, the worker is not
+    daemonic: dataset code may start processes of its own."""
+    process = sys.modules.get("multiprocessing.process")
+    if process is None:  # the consumer never imported multiprocessing: nothing can ask
+        return
+    current = process.current_process()
+    parent = os.getppid()
+    parent_name = current.name
+    current._identity = (worker_id + 1,)  # type: ignore[attr-defined]
+    current.name = f"SpindleWorker-{worker_id + 1}"
+    try:
+        sentinel = os.pidfd_open(parent)  # readable once the consumer ends: what is_alive() and join() wait on
+    except OSError:
+        return
+    os.set_inheritable(sentinel, False)
+    process._parent_process = process._ParentProcess(parent_name, parent, sentinel)  # type: ignore[attr-defined]
+
+
 def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
     """Prepares a worker before any user code; the packed exception if `setup` raised.
 
@@ -58,6 +81,7 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _as_multiprocessing_child(ctx.worker_id)
     cap_worker_pools()  # before any user code can start a pool
     try:
         setup(ctx.worker_id, ctx.num_workers)
