@@ -237,6 +237,18 @@ _NO_THREADPOOLCTL = (
     "not capped in workers, and a worker's first matrix product starts one: pip install threadpoolctl.")
 
 
+# Threads a library starts once in a process, for itself, that no cap a user knows of changes:
+# Arrow's bundled jemalloc purges freed memory in a background thread of this name, started in a
+# worker where Arrow allocates (a Hugging Face dataset, pyarrow loaded by dataset code). One
+# of each is not counted against a worker's lease; more are (an allocator's thread per arena).
+_HOUSEKEEPING_THREADS = ("jemalloc_bg_thd",)
+
+
+def _housekeeping(names: list[str]) -> int:
+    """How many of a process's threads (`names`, its own first) are housekeeping threads, one of each name."""
+    return sum(1 for name in _HOUSEKEEPING_THREADS if name in names[1:])
+
+
 class ThreadWatchdog:
     """Warns once when a worker holds more threads than its lease."""
 
@@ -258,7 +270,7 @@ class ThreadWatchdog:
         lease = self._lease + (1 if "pyarrow" in sys.modules else 0)
         for worker_id, pid in enumerate(self._pids()):
             names = thread_names(pid)
-            if len(names) > lease:
+            if len(names) - _housekeeping(names) > lease:
                 self.warned = True
                 counts = collections.Counter(names[1:])  # the first task is the worker's own thread
                 listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())
