@@ -60,6 +60,7 @@ from .._runtime.stats import HasStats
 from .._runtime.forking import forked_worker, forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
+from .._runtime.sharing import check_share, share_for_workers
 from .._runtime.spawned import WorkerPayload, worker_argv, worker_env
 from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
@@ -82,7 +83,16 @@ class DataLoader(HasStats, Generic[_T_co]):
     loads this rank's part of a map-style dataset, exactly as
     ``sampler=DistributedSampler(dataset, world_size, rank, shuffle=shuffle,
     seed=shard_seed, drop_last=shard_drop_last)`` would, with ``set_epoch``
-    called for each epoch (docs/distributed.md)."""
+    called for each epoch (docs/distributed.md).
+
+    ``share="auto"`` (keyword-only, on by default; ``"off"`` gives the workers
+    the dataset as torch does): when workers start, the dataset's large
+    attributes made of plain values (lists, tuples, dicts of str, bytes,
+    numbers, None), also those of wrapped datasets (``Subset``,
+    ``ConcatDataset``), go to shared memory once (:func:`spindle.shared`), so
+    workers read them without each copying them; your dataset object is not
+    changed (the workers get a shallow copy). One INFO line on logger
+    "spindle" per conversion (docs/shared_memory.md)."""
 
     _peer = _TorchDataLoader  # the loader that validates the arguments and builds the samplers
 
@@ -93,9 +103,10 @@ class DataLoader(HasStats, Generic[_T_co]):
                  worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
-                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0,
+                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0, share: str = "auto",
                  **peer_options: Any) -> None:
         self._shard = resolve_shard(shard)
+        self._share = check_share(share)
         self._epochs_begun = 0  # iter() calls: the epoch number of a shard's DistributedSampler
         if self._shard is not None:
             sampler, shuffle = _shard_sampler(self._shard, dataset, shuffle, sampler, batch_sampler,
@@ -192,7 +203,7 @@ class DataLoader(HasStats, Generic[_T_co]):
         batches, base_seed = self._resume_batches(_Batches.read(loader, sampler_iter), base_seed)
         if not len(batches):
             return iter(())
-        dataset = loader.dataset
+        dataset = shared = _for_workers(loader.dataset, self._share)
         order, starts = batches.order, batches.starts
         if order is None:
             # A sampler yielding lists, slices, strings... (bulk loading with
@@ -200,7 +211,7 @@ class DataLoader(HasStats, Generic[_T_co]):
             # each one up in this epoch's table. Workers keep the table they
             # were started with, so this epoch gets its own workers.
             order = np.arange(len(batches.keys), dtype=np.int64)
-            dataset = _ByPosition(loader.dataset, batches.keys)
+            dataset = _ByPosition(shared, batches.keys)
             if reuse:
                 self.close()
                 reuse = False
@@ -208,7 +219,7 @@ class DataLoader(HasStats, Generic[_T_co]):
         if reuse and (capacity > self._capacity or self._keyed):  # outgrown slots, or last epoch's table
             self.close()
             reuse = False
-        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                         worker_init_fn=loader.worker_init_fn)
         if not reuse:
             self._capacity = capacity
@@ -318,7 +329,8 @@ class DataLoader(HasStats, Generic[_T_co]):
 
         def start() -> _core.Loader:
             n = loader.batch_size if loader._auto_collation else 1
-            setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+            shared = _for_workers(loader.dataset, self._share)
+            setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
             options = _core.LoaderOptions()
@@ -329,9 +341,9 @@ class DataLoader(HasStats, Generic[_T_co]):
             options.in_order = loader.in_order
             options.timeout = loader.timeout
             runtime = self._runtime_for(
-                run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
+                run_stream_worker, dict(dataset=shared, transport=transport, setup=setup, batch_size=n,
                                         drop_last=loader.drop_last,
-                                        restart=partial(_reseed_stream, dataset=loader.dataset)),
+                                        restart=partial(_reseed_stream, dataset=shared)),
                 options, order=np.empty(0, np.int64))
             if self.persistent_workers:
                 self._keep(runtime)
@@ -518,6 +530,12 @@ class _ByPosition:
         if name == "__getitems__" and hasattr(self.dataset, "__getitems__"):
             return lambda positions: self.dataset.__getitems__([self.keys[p] for p in positions])
         raise AttributeError(name)
+
+
+def _for_workers(dataset: Any, share: str) -> Any:
+    """The dataset the workers get (share="auto": its large plain attributes shared); a DataPipe graph
+    as it is (torch's graph functions find its nodes by traversal, which a copy would split)."""
+    return dataset if isinstance(dataset, (IterDataPipe, MapDataPipe)) else share_for_workers(dataset, share)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
