@@ -271,6 +271,7 @@ def _rebuild(cls: type, handle: tuple, origin: Optional[str]) -> Any:
 # ------------------------------------------------------------------ the containers
 
 def _read_only(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Raises TypeError: the container is read-only (stored once for every worker)."""
     where = f" (spindle converted {self._origin} for the workers; pass share=\"off\" to the loader to keep " \
             "your own object)" if self._origin else ""
     raise TypeError(f"'{type(self).__name__}' is read-only: it is stored once in shared memory for every "
@@ -301,9 +302,7 @@ class _SharedBase:
         """Bytes of shared memory it takes (header, offsets and data)."""
         return self._store.nbytes()
 
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
-    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
-    update = setdefault = popitem = _read_only
+    __setitem__ = __delitem__ = _read_only
 
 
 class SharedList(_SharedBase, Sequence):
@@ -373,6 +372,7 @@ class SharedList(_SharedBase, Sequence):
         return self[:] * k
 
     __rmul__ = __mul__
+    __iadd__ = __imul__ = append = extend = insert = pop = remove = clear = sort = reverse = _read_only
 
 
 class _Items(ItemsView):
@@ -483,6 +483,8 @@ class SharedDict(_SharedBase, Mapping):
 
     def __ror__(self, other: Any) -> dict:
         return other | dict(self)
+
+    __ior__ = pop = popitem = clear = update = setdefault = _read_only
 
     def copy(self) -> dict:
         """A plain dict with the same entries (as dict.copy)."""
