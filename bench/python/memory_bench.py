@@ -14,6 +14,10 @@ Measured per run, in a fresh interpreter each (so no run inherits another's heap
   to the end of the pass;
 - the ratio of the two: 1.0 means the workers cost nothing beyond the data; torch pays ~1x per worker.
 
+``spindle.DataLoader+shared()`` is the same loader with the dataset's list replaced by
+``spindle.shared(list)`` by hand in the consumer (which then holds only the segment); with
+``share="auto"`` the consumer keeps the user's list and the workers' segment besides.
+
 Also the time to the first batch under ``multiprocessing_context="spawn"`` with 1.2M paths:
 spindle.torch (the dataset's list handed over as a segment descriptor) against torch (the dataset
 pickled into every worker), and spindle.torch with ``share="off"`` (the pickle, written once into a
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-LOADERS = ("torch", "spindle.torch", "spindle.DataLoader")
+LOADERS = ("torch", "spindle.torch", "spindle.DataLoader", "spindle.DataLoader+shared()")
 BATCH = 512
 
 
@@ -99,9 +103,15 @@ def one_memory_run(loader_name: str, dataset_name: str, n: int, workers: int, fr
     """In this (fresh) process: build the dataset, then one shuffled pass over `fraction` of it."""
     from spindle.bench.tree import TreeSampler, pss_kib
 
-    if loader_name != "spindle.DataLoader":
+    if "torch" in loader_name:
         import torch  # noqa: F401  (imported before the baseline: both torch loaders pay it alike)
     dataset = DATASETS[dataset_name](n)
+    if loader_name.endswith("+shared()"):  # by hand: the consumer keeps only the shared container
+        import spindle
+
+        for name, value in vars(dataset).items():
+            setattr(dataset, name, spindle.shared(value))
+        del name, value
     gc.collect()
     consumer_kib = pss_kib(os.getpid())
     loader = _loader(loader_name, dataset, workers)

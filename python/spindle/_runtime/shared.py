@@ -28,7 +28,6 @@ every read.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import struct
@@ -70,6 +69,32 @@ def _encoding_of(items: Sequence[Any]) -> int:
     return _PICKLE
 
 
+class _Discard:
+    """A file that keeps nothing: where a chunk is pickled once only to check that it is plain."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _pickled(chunk: Sequence[Any], start: int, what: str) -> list[bytes]:
+    """Each item of `chunk` pickled on its own; TypeError naming the first that is not plain."""
+    try:
+        _PlainPickler(_Discard(), pickle.HIGHEST_PROTOCOL).dump(chunk)  # the whole chunk checked at C speed
+    except (_NotPlain, RecursionError):
+        for i, x in enumerate(chunk):  # find which item, for the message
+            try:
+                _PlainPickler(_Discard(), pickle.HIGHEST_PROTOCOL).dump(x)
+            except _NotPlain as exc:
+                raise TypeError(
+                    f"spindle.shared: {what} {start + i} holds a {exc}, not a plain value (str, bytes, int, float, "
+                    "bool, None, and lists, tuples, dicts of them); keep such data as it is or store arrays in "
+                    "numpy") from None
+            except RecursionError:
+                raise TypeError(f"spindle.shared: {what} {start + i} is nested too deeply to store") from None
+        raise
+    return list(map(pickle.dumps, chunk, repeat(pickle.HIGHEST_PROTOCOL)))
+
+
 class _Column:
     """One column being built: offsets and data, encoded a chunk at a time."""
 
@@ -79,8 +104,6 @@ class _Column:
         self.encoding = _encoding_of(items) if encoding is None else encoding
         self.offsets = array("Q", [0])
         self.data = bytearray()
-        sink = io.BytesIO()
-        pickler = _PlainPickler(sink, pickle.HIGHEST_PROTOCOL)
         for start in range(0, len(items), _CHUNK):
             chunk = items[start:start + _CHUNK]
             if self.encoding == _UTF8:
@@ -92,21 +115,7 @@ class _Column:
             elif self.encoding == _BYTES:
                 parts = list(chunk)
             else:
-                parts = []
-                for i, x in enumerate(chunk):
-                    sink.seek(0)
-                    sink.truncate()
-                    try:
-                        pickler.dump(x)
-                    except _NotPlain as exc:
-                        raise TypeError(
-                            f"spindle.shared: {what} {start + i} holds a {exc}, not a plain value (str, bytes, "
-                            "int, float, bool, None, and lists, tuples, dicts of them); keep such data as it is "
-                            "or store arrays in numpy") from None
-                    except RecursionError:
-                        raise TypeError(f"spindle.shared: {what} {start + i} is nested too deeply to store") from None
-                    pickler.clear_memo()
-                    parts.append(sink.getvalue())
+                parts = _pickled(chunk, start, what)
             self._append(list(map(len, parts)), b"".join(parts))
 
     def _append(self, lengths: list[int], data: bytes) -> None:
