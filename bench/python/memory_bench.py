@@ -121,15 +121,16 @@ def one_memory_run(loader_name: str, dataset_name: str, n: int, workers: int, fr
         it = iter(loader)
         for _ in range(batches):
             next(it)
-        uss = None
-        if loader_name != "torch":
-            uss = [w["uss_bytes"] for w in loader.stats()["workers"]]
         sampler.poll()
+        from spindle import _core
+
+        workers_uss = [m.uss for pid in sampler.tree.stats() if pid != os.getpid()
+                       for m in [_core.process_memory(pid)] if m is not None]
         del it
     return dict(loader=loader_name, dataset=dataset_name, samples=n, workers=workers, batches=batches,
                 seconds=time.perf_counter() - start, consumer_pss_mib=consumer_kib / 1024,
                 peak_tree_pss_mib=sampler.peaks.pss_kib / 1024, ratio=sampler.peaks.pss_kib / consumer_kib,
-                worker_uss_mib=None if uss is None else [round((u or 0) / 2**20, 1) for u in uss])
+                worker_uss_mib=round(statistics.median(workers_uss) / 2**20, 1) if workers_uss else None)
 
 
 def one_spawn_run(loader_name: str, n: int, workers: int, share: str) -> dict[str, Any]:
@@ -185,6 +186,7 @@ def main() -> None:
                     row = _child(["--fraction", str(args.fraction), "--one", loader, dataset, str(n), str(workers)])
                     print(f"{dataset:12s} {workers:2d} workers {loader:19s} consumer {row['consumer_pss_mib']:7.0f} MiB"
                           f"  peak tree {row['peak_tree_pss_mib']:7.0f} MiB  {row['ratio']:.2f}x"
+                          f"  worker USS {row['worker_uss_mib']} MiB"
                           f"  ({row['seconds']:.1f} s)", flush=True)
                     memory.append(row)
     spawn: list[dict[str, Any]] = []
@@ -202,6 +204,8 @@ def main() -> None:
     summary = {
         "memory_ratio": {f"{d}/{w}/{ld}": round(median(memory, "ratio", dataset=d, workers=w, loader=ld), 2)
                          for d in sizes for w in (4, 16) for ld in LOADERS},
+        "worker_uss_mib": {f"{d}/{w}/{ld}": median(memory, "worker_uss_mib", dataset=d, workers=w, loader=ld)
+                           for d in sizes for w in (4, 16) for ld in LOADERS},
         "first_batch_s": {name: round(median(spawn, "first_batch_s", loader=name), 2)
                           for name in ("torch", "spindle.torch", "spindle.torch share=off")},
     }

@@ -269,3 +269,20 @@ def test_memory_watch_warns_once_when_a_worker_grows(monkeypatch):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_process_memory_reads_smaps_rollup_in_bytes(tmp_path):
+    """Proves: the procfs reader turns smaps_rollup's kB into bytes, USS as Private_Clean + Private_Dirty,
+    and reads an emptied file (a process releasing its memory) as gone."""
+    from spindle import _core
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "smaps_rollup").write_text(
+        "55d0c0000000-7ffc5a1f2000 ---p 00000000 00:00 0                          [rollup]\n"
+        "Rss:              100 kB\nPss:               60 kB\nPss_Anon:          10 kB\nShared_Clean:      40 kB\n"
+        "Private_Clean:      8 kB\nPrivate_Dirty:     30 kB\nSwap:               2 kB\nSwapPss:            2 kB\n")
+    m = _core.process_memory(42, proc_root=str(tmp_path))
+    assert (m.rss, m.pss, m.uss, m.swap) == (100 << 10, 60 << 10, 38 << 10, 2 << 10)
+    (tmp_path / "42" / "smaps_rollup").write_text("")
+    assert _core.process_memory(42, proc_root=str(tmp_path)) is None
+    assert _core.process_memory(43, proc_root=str(tmp_path)) is None

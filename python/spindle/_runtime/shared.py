@@ -96,36 +96,53 @@ def _pickled(chunk: Sequence[Any], start: int, what: str) -> list[bytes]:
 
 
 class _Column:
-    """One column being built: offsets and data, encoded a chunk at a time."""
+    """One column: measured in a first pass (sizes only, plainness checked), then encoded a chunk at a
+    time straight into the segment, so building never holds the whole encoded data besides it."""
 
     def __init__(self, items: Sequence[Any], what: str, encoding: Optional[int] = None) -> None:
-        from array import array
-
+        self.items, self.what = items, what
         self.encoding = _encoding_of(items) if encoding is None else encoding
-        self.offsets = array("Q", [0])
-        self.data = bytearray()
+        self.n = len(items)
+        self.data_len = sum(len(data) for _, data in self._chunks())
+
+    def _chunks(self) -> Iterator[tuple[list[int], bytes]]:
+        """(item lengths, their encoded bytes) of each chunk, in order."""
+        items = self.items
         for start in range(0, len(items), _CHUNK):
             chunk = items[start:start + _CHUNK]
             if self.encoding == _UTF8:
                 joined = "".join(chunk)
                 if joined.isascii():  # one byte a character: the lengths are the str lengths
-                    self._append(list(map(len, chunk)), joined.encode("ascii"))
+                    yield list(map(len, chunk)), joined.encode("ascii")
                     continue
                 parts = list(map(str.encode, chunk, repeat("utf-8"), repeat("surrogatepass")))
             elif self.encoding == _BYTES:
                 parts = list(chunk)
             else:
-                parts = _pickled(chunk, start, what)
-            self._append(list(map(len, parts)), b"".join(parts))
-
-    def _append(self, lengths: list[int], data: bytes) -> None:
-        ends = accumulate(lengths, initial=len(self.data))
-        next(ends)  # the chunk's own start, already there
-        self.offsets.extend(ends)
-        self.data += data
+                parts = _pickled(chunk, start, self.what)
+            yield list(map(len, parts)), b"".join(parts)
 
     def nbytes(self) -> int:
-        return 8 * len(self.offsets) + len(self.data)
+        return 8 * (self.n + 1) + self.data_len
+
+    def write(self, offsets: memoryview, data: memoryview) -> None:
+        """Encodes the items into `offsets` (n + 1 uint64) and `data` (data_len bytes)."""
+        from array import array
+
+        offsets[0] = pos = 0
+        i = 0
+        for lengths, encoded in self._chunks():
+            end = pos + len(encoded)
+            if end > self.data_len or i + len(lengths) > self.n:
+                break
+            data[pos:end] = encoded
+            ends = accumulate(lengths, initial=pos)
+            next(ends)  # the chunk's own start, already written
+            offsets[i + 1:i + 1 + len(lengths)] = array("Q", ends)
+            i, pos = i + len(lengths), end
+        if (i, pos) != (self.n, self.data_len):
+            raise RuntimeError(f"spindle.shared: the {type(self.items).__name__} changed while it was being "
+                               "stored (another thread?); share it when nothing changes it")
 
 
 def _canonical(key: Any) -> bytes:
@@ -174,7 +191,7 @@ class _Store:
     @classmethod
     def build(cls, container: int, columns: list[Optional[_Column]], lookup: int = _NO_LOOKUP,
               perm: Optional[Any] = None, what: str = "spindle.shared") -> "_Store":
-        n = len(columns[0].offsets) - 1 if columns[0] is not None else 0
+        n = columns[0].n if columns[0] is not None else 0
         pos = _HEADER_BYTES
         fields: list[int] = []
         for col in columns:
@@ -182,9 +199,9 @@ class _Store:
                 fields += [0, 0, 0, 0]
                 continue
             off_at = pos
-            data_at = off_at + 8 * len(col.offsets)
-            fields += [col.encoding, off_at, data_at, len(col.data)]
-            pos = (data_at + len(col.data) + 7) & ~7
+            data_at = off_at + 8 * (col.n + 1)
+            fields += [col.encoding, off_at, data_at, col.data_len]
+            pos = (data_at + col.data_len + 7) & ~7
         perm_at = 0
         if perm is not None:
             perm_at, pos = pos, pos + 8 * len(perm)
@@ -196,8 +213,8 @@ class _Store:
                 if col is None:
                     continue
                 _, off_at, data_at, data_len = fields[4 * c:4 * c + 4]
-                out[off_at:data_at] = memoryview(col.offsets).cast("B")
-                out[data_at:data_at + data_len] = col.data
+                with out[off_at:data_at].cast("Q") as offsets, out[data_at:data_at + data_len] as data:
+                    col.write(offsets, data)
             if perm is not None:
                 out[perm_at:perm_at + 8 * len(perm)] = memoryview(perm).cast("B")
         finally:
@@ -416,8 +433,8 @@ class SharedDict(_SharedBase, Mapping):
         from array import array
 
         if key_col.encoding == _UTF8:  # str keys: their utf-8 bytes are the lookup order
-            lookup, canon, order_of = _KEY_BYTES, None, [bytes(key_col.data[key_col.offsets[i]:key_col.offsets[i + 1]])
-                                                         for i in range(len(keys))]
+            lookup, canon = _KEY_BYTES, None
+            order_of = list(map(str.encode, keys, repeat("utf-8"), repeat("surrogatepass")))
         else:
             order_of = [_canonical(k) for k in keys]
             lookup, canon = _CANONICAL, _Column(order_of, "key", encoding=_BYTES)
