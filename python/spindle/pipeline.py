@@ -34,9 +34,10 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _core
+from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.forking import forking
+from ._runtime.start import StartSpec, start_pipeline
 from ._state.checkpoint import Position, Progress, new_state
 from ._state.elastic import load_position, rank_part, resplits_json, stream_resume_check
 from ._state.sharding import resolve_shard, shard_list
@@ -307,6 +308,9 @@ class PipelineLoader(HasStats):
         timeout: seconds to wait for a batch (0 or inf: forever).
         prefetch_factor: batches in flight per worker.
         max_threads: cap on the tasks the loader adds, on top of ulimit -u and pids.max.
+        budget_policy: when fewer tasks are free than num_workers: ``"shrink"`` (run with fewer,
+            one ``ThreadBudgetWarning``), ``"wait"`` (up to ``timeout``) or ``"fail"``
+            (``ThreadBudgetError``); None reads ``$SPINDLE_BUDGET_POLICY`` (default ``"shrink"``).
         shard: None, ``"auto"`` or ``(rank, world_size)``: this rank's part of each epoch's
             global order, as ``spindle.DataLoader`` and torch's DistributedSampler cut it; a
             WebDataset is split by shard file (rank r reads files r, r + world_size, ...).
@@ -330,7 +334,8 @@ class PipelineLoader(HasStats):
     def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
                  seed: Optional[int] = None, mode: str = "threads", timeout: float = 0,
                  prefetch_factor: int = 2, max_threads: Optional[int] = None, shard: Any = None,
-                 shard_drop_last: bool = False, byte_fields: str = "list") -> None:
+                 shard_drop_last: bool = False, byte_fields: str = "list",
+                 budget_policy: Optional[str] = None) -> None:
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a spindle.pipeline.Pipeline, not {type(pipeline).__name__}")
         if byte_fields not in ("list", "arrays"):
@@ -355,6 +360,7 @@ class PipelineLoader(HasStats):
         self.timeout = float(timeout)
         self.prefetch_factor = int(prefetch_factor)
         self.max_threads = max_threads
+        self.budget_policy = resolve_policy(budget_policy)
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         if self.shard is not None and pipeline.source[0] == "webdataset":
@@ -444,15 +450,11 @@ class PipelineLoader(HasStats):
         if not self._native.streaming and (
                 len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size)):
             return iter(())
-        kwargs = dict(pipeline=self._native, order=order, batch_size=self.pipeline.batch_size,
-                      drop_last=self.pipeline.drop_last, num_workers=self.num_workers,
-                      threads=self.mode == "threads", seed=self._entropy, epoch=epoch,
-                      prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads)
-        if self.mode == "threads":
-            runtime = _core.pipeline_loader(**kwargs)
-        else:
-            with forking():
-                runtime = _core.pipeline_loader(**kwargs)
+        spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.pipeline.batch_size,
+                         prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
+                         budget_policy=self.budget_policy)
+        runtime = start_pipeline(spec, self._native, order=order, seed=self._entropy, epoch=epoch,
+                                 threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
         it = _SkipWarnings(EpochIterator(runtime, decode, owns=True, reraise=_native_error,
                                          stats=self._stats_book()))
