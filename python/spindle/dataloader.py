@@ -23,7 +23,7 @@ from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
-from ._runtime.start import StartSpec, start
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
 from ._state.elastic import load_position, rank_part, resplits_json
@@ -163,9 +163,9 @@ class DataLoader(HasStats):
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
-                 prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
+                 prefetch_factor: int = LOADER_DEFAULTS.prefetch_factor, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
+                 persistent_workers: bool = False, max_batch_bytes: int = LOADER_DEFAULTS.max_batch_bytes,
                  budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
         self.dataset = dataset
         _check_dataset(dataset)

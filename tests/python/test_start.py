@@ -43,3 +43,26 @@ def test_start_method_comes_from_the_context_or_the_global_method():
     assert StartSpec(start_method="spawn").spawns and not StartSpec().spawns
     with pytest.raises(ValueError, match="start_method"):
         StartSpec(start_method="thread")
+
+
+def test_front_signatures_read_their_defaults_from_the_core():
+    """Proves: the defaults of prefetch_factor, max_batch_bytes, bytes_per_sample, the skip ratio and the shard
+    retries/timeout/cache limit in the Python signatures are the C++ option structs' (one owner)."""
+    import inspect
+
+    import spindle
+    from spindle import pipeline as sp
+
+    def default(fn, name):
+        return inspect.signature(fn).parameters[name].default
+
+    loader, pipe, shard = _core.LoaderOptions(), _core.PipelineOptions(), _core.ShardOptions()
+    for fn in (spindle.DataLoader, spindle.PipelineLoader):
+        assert default(fn, "prefetch_factor") == loader.prefetch_factor
+    assert default(spindle.DataLoader, "max_batch_bytes") == loader.max_batch_bytes
+    assert default(sp.Pipeline.batch, "bytes_per_sample") == pipe.bytes_per_sample
+    assert sp.Pipeline(("npy", "x")).bytes_per_sample == pipe.bytes_per_sample
+    assert default(sp.Pipeline.on_error, "max_ratio") == pipe.max_skip_ratio
+    assert sp.Pipeline(("npy", "x")).errors == ("raise", pipe.max_skip_ratio)
+    assert (default(sp.webdataset, "retries"), default(sp.webdataset, "timeout"),
+            default(sp.webdataset, "cache_limit_bytes")) == (shard.retries, shard.timeout, shard.cache_limit_bytes)

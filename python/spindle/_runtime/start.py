@@ -23,8 +23,10 @@ from .._budget.policy import resolve_policy, warn_if_shrunk
 from .forking import forked_worker, forking
 from .spawned import WorkerPayload, worker_argv, worker_env
 
-# Read once: every default below is the core's (loader.hpp), none is written here.
-_DEFAULTS = _core.LoaderOptions()
+# Read once: every default below is the core's (loader.hpp), none is written here. The fronts'
+# signatures read theirs here too (prefetch_factor, max_batch_bytes).
+LOADER_DEFAULTS = _core.LoaderOptions()
+_DEFAULTS = LOADER_DEFAULTS
 
 START_METHODS = ("fork", "spawn", "forkserver")
 
