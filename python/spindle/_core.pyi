@@ -968,9 +968,9 @@ def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean
     """
     (x / 255 - mean) / std as float32, (H, W, C) or with chw (C, H, W).
     """
-def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batch_size: typing.SupportsInt | typing.SupportsIndex, drop_last: bool = False, num_workers: typing.SupportsInt | typing.SupportsIndex, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> Loader:
+def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> Loader:
     """
-    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
+    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
     """
 def process_ids(*, proc_root: str = '/proc') -> list[int]:
     """
