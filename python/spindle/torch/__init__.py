@@ -33,7 +33,6 @@ Differences from torch are listed in docs/torch_dropin.md.
 
 from __future__ import annotations
 
-import multiprocessing
 import numbers
 import operator
 import pickle
@@ -58,13 +57,11 @@ from torch.utils.data._utils import worker as _torch_worker
 from torch.utils.data._utils.collate import default_collate
 
 from .. import _core
-from .._budget.policy import resolve_policy, warn_if_shrunk
 from .._runtime.epoch import EpochIterator
 from .._runtime.stats import HasStats
-from .._runtime.forking import forked_worker, forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
-from .._runtime.spawned import WorkerPayload, worker_argv, worker_env
+from .._runtime.start import StartSpec, start as start_runtime, start_method_of
 from .._runtime.worker import run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
@@ -199,16 +196,12 @@ class _Engine(HasStats):
             # Batches go to workers as torch sends them: in order, batch k to worker
             # k mod N; out of order, to the next worker in turn with room (a slow
             # worker is skipped, and the batches it has wait for it).
-            options = _core.LoaderOptions()
-            options.assign_in_turn = True
-            options.fed = fed
-            options.num_workers = loader.num_workers
-            options.batch_capacity = self._capacity
-            options.prefetch_factor = loader.prefetch_factor
-            options.in_order = loader.in_order
-            options.timeout = loader.timeout
-            runtime = self._runtime_for(run_worker, dict(dataset=workers_see, transport=transport, setup=setup),
-                                        options, order=order, starts=starts)
+            spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
+                             fed=fed, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+                             timeout=loader.timeout, start_method=self._start_method())
+            body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
+            # The warnings point at the user's iter(loader).
+            runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
             if self._torch.persistent_workers:
                 self._keep(runtime)
                 self._keyed = (isinstance(workers_see, _ByPosition)
@@ -239,39 +232,13 @@ class _Engine(HasStats):
         # given): the array path, which builds exactly what it would have built.
         return self._torch._auto_collation and self._torch.collate_fn is default_collate
 
-    def _spawns(self) -> bool:
-        """Workers as new interpreters: the loader's multiprocessing_context, or else the
-        start method set globally (multiprocessing.set_start_method), is 'spawn' or 'forkserver'."""
-        context = self._torch.multiprocessing_context
-        if context is None:
-            method = multiprocessing.get_start_method(allow_none=True)
-        else:
-            method = context if isinstance(context, str) else context.get_start_method()
-        return method in ("spawn", "forkserver")
+    def _start_method(self) -> str:
+        """The loader's multiprocessing_context, or else the start method set globally."""
+        return start_method_of(self._torch.multiprocessing_context)
 
-    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], options: _core.LoaderOptions, *,
-                     order: np.ndarray, starts: Optional[np.ndarray] = None) -> _core.Loader:
-        """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
-        # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
-        options.budget_policy = resolve_policy(None)
-        if self._spawns():
-            # Pickled in multiprocessing's spawning context, as torch's worker
-            # Process arguments are: its synchronization primitives, shared
-            # ctypes and tensors travel as they do to torch's workers.
-            try:
-                payload = WorkerPayload(body, kwargs)
-            except (TypeError, AttributeError, pickle.PicklingError):
-                warnings.warn(_PICKLE_ERROR_WORDS, stacklevel=5)
-                raise
-            with payload:
-                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(),
-                                       spawn_fds=payload.fds, spawn_env=worker_env())
-        else:
-            with forking():
-                runtime = _core.Loader(options, order=order, starts=starts,
-                                       worker_main=forked_worker(partial(body, **kwargs)))
-        warn_if_shrunk(runtime, stacklevel=4)
-        return runtime
+    def _spawns(self) -> bool:
+        """Workers are new interpreters ('spawn' or 'forkserver')."""
+        return self._start_method() != "fork"
 
     def _decoder(self) -> Callable[[Any], Any]:
         """Batch -> batch: tensors over the slot (or the batch pickled in parts, its tensors over the
@@ -313,18 +280,13 @@ class _Engine(HasStats):
             setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
-            options = _core.LoaderOptions()
-            options.round_robin = True
-            options.num_workers = loader.num_workers
-            options.batch_capacity = n
-            options.prefetch_factor = loader.prefetch_factor
-            options.in_order = loader.in_order
-            options.timeout = loader.timeout
-            runtime = self._runtime_for(
-                run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
-                                        drop_last=loader.drop_last,
-                                        restart=partial(_reseed_stream, dataset=loader.dataset)),
-                options, order=np.empty(0, np.int64))
+            spec = StartSpec(num_workers=loader.num_workers, round_robin=True, batch_capacity=n,
+                             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+                             timeout=loader.timeout, start_method=self._start_method())
+            body = partial(run_stream_worker, dataset=loader.dataset, transport=transport, setup=setup,
+                           batch_size=n, drop_last=loader.drop_last,
+                           restart=partial(_reseed_stream, dataset=loader.dataset))
+            runtime = start_runtime(spec, body, order=np.empty(0, np.int64), stacklevel=7)
             if self._torch.persistent_workers:
                 self._keep(runtime)
             return runtime
@@ -506,15 +468,6 @@ def uninstall() -> None:
 def installed() -> bool:
     """Whether :func:`install` is in effect."""
     return _torch_dataloader._MultiProcessingDataLoaderIter is _InstalledIterator
-
-
-# torch's words when its worker Process arguments do not pickle (its iterator warns, then re-raises).
-_PICKLE_ERROR_WORDS = (
-    "Got pickle error when attempting to start a worker Process. "
-    "This might be because the worker Process arguments are not picklable. "
-    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
-    "to 'forkserver', which requires the worker Process arguments to be picklable. "
-    "You can also try multiprocessing.set_start_method('fork').")
 
 
 def _check_counts(loader: Any) -> None:
