@@ -9,7 +9,7 @@ shared memory (spindle.shared) and the workers read the same pages.
 Measured per run, in a fresh interpreter each (so no run inherits another's heap):
 
 - consumer PSS: the consumer after building the dataset, before the loader (what one process needs);
-- peak tree PSS: the consumer and its workers, polled every 50 ms (PSS splits each shared page among
+- peak tree PSS: the consumer and its workers, polled every 0.5 s (PSS splits each shared page among
   the processes mapping it, so the tree's PSS adds up to the memory it really takes) from ``iter()``
   to the end of the pass;
 - the ratio of the two: 1.0 means the workers cost nothing beyond the data; torch pays ~1x per worker.
@@ -117,7 +117,9 @@ def one_memory_run(loader_name: str, dataset_name: str, n: int, workers: int, fr
     loader = _loader(loader_name, dataset, workers)
     batches = int(n * fraction) // BATCH
     start = time.perf_counter()
-    with TreeSampler(os.getpid(), period_s=0.05, pss_every=1) as sampler:
+    # Every 0.5 s: summing a tree's PSS walks every process's page tables (17 processes of ~1 GB
+    # each take the kernel a good part of a core on a busy machine), which would slow what it measures.
+    with TreeSampler(os.getpid(), period_s=0.5, pss_every=1) as sampler:
         it = iter(loader)
         for _ in range(batches):
             next(it)

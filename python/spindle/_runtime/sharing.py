@@ -216,13 +216,18 @@ _warned = False  # once per process: the cause is the same for every loader of o
 
 class MemoryWatch:
     """Reads the workers' private memory now and then during an epoch; warns once (per process) when
-    one grew by more than ``WORKER_GROWTH_WARN_BYTES`` since the epoch's first look at it."""
+    one grew by more than ``WORKER_GROWTH_WARN_BYTES`` since the epoch's first look at it.
 
-    def __init__(self, worker_pids: Callable[[], list[int]], period: float = 2.0) -> None:
+    One worker per look, in turn, a look every `period` seconds: the kernel walks a process's page
+    tables to sum smaps_rollup (tens of milliseconds for a worker forked from a large consumer, more
+    on a busy machine), which must not stall the consumer's next()."""
+
+    def __init__(self, worker_pids: Callable[[], list[int]], period: float = 5.0) -> None:
         self._pids = worker_pids
         self._period = period
         self._next = time.monotonic() + period / 4
         self._first: dict[int, int] = {}  # pid -> USS at the first look
+        self._turn = 0
 
     def poll(self) -> None:
         """Cheap unless a period has passed; call it per batch."""
@@ -230,7 +235,12 @@ class MemoryWatch:
         if _warned or time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._period
-        for worker_id, pid in enumerate(self._pids()):
+        pids = self._pids()
+        if not pids:
+            return
+        worker_id = self._turn % len(pids)
+        self._turn += 1
+        for pid in [pids[worker_id]]:
             memory = worker_memory(pid)
             if memory is None:
                 continue
