@@ -470,7 +470,7 @@ def _remember(thing: Any) -> None:
     if thing is None or key in _hook.adopted:
         return
     try:
-        _hook.adopted[key] = weakref.ref(thing, lambda _, key=key: _hook.adopted.pop(key, None))
+        _hook.adopted[key] = weakref.ref(thing, lambda _, key=key, table=_hook.adopted: table.pop(key, None))
     except TypeError:  # a list, a tuple: kept while this process lives
         _hook.adopted[key] = thing
 
