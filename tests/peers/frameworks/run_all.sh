@@ -10,7 +10,7 @@ modes=${*:-stock patched}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$logs"
 status=0
-printf '%-70s %-8s %7s %7s %7s %7s %6s\n' file mode passed failed skipped errors secs
+printf '%-72s %-8s %7s %7s %7s %7s %6s\n' file mode passed failed skipped errors secs
 for f in $(grep -v '^#' "$here/tests.txt"); do
   for mode in $modes; do
     log=$logs/$(echo "$f" | tr / _).$mode.log
@@ -19,7 +19,7 @@ for f in $(grep -v '^#' "$here/tests.txt"); do
     secs=$(( $(date +%s) - start ))
     last=$(grep -E '^=*.*[0-9]+ (passed|failed|error|skipped).* in [0-9.]+s' "$log" | tail -1)
     count() { echo "$last" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0; }
-    printf '%-70s %-8s %7s %7s %7s %7s %6s\n' "$f" "$mode" "$(count passed)" "$(count failed)" "$(count skipped)" "$(count error)" "$secs"
+    printf '%-72s %-8s %7s %7s %7s %7s %6s\n' "$f" "$mode" "$(count passed)" "$(count failed)" "$(count skipped)" "$(count error)" "$secs"
     [ -n "$last" ] || { echo "  no pytest summary (exit $rc): see $log"; status=1; }
   done
 done
