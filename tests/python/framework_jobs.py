@@ -18,8 +18,8 @@ OUT_DIR/<program>...rank<r>.json.
   (tag "spindle"); each rank writes the indices of each epoch.
 - ``accelerate`` (under torchrun, gloo): ``Accelerator(cpu=True,
   gradient_accumulation_steps=3)`` prepares a loader and trains one epoch,
-  then iterates ``skip_first_batches(dl, 2)``; first with torch's DataLoader
-  (tag "torch"), then (tag "spindle") with ``spindle.torch.DataLoader``
+  then iterates ``skip_first_batches(dl, 2)`` (tag "<tag>-skip"); first with
+  torch's DataLoader (tag "torch"), then (tag "spindle") with ``spindle.torch.DataLoader``
   (``loader``) or with torch's DataLoader after ``spindle.torch.install()``
   (``install``, undone by ``uninstall()`` after).
 - ``trainer``: after ``spindle.torch.install()``, HF transformers' Trainer
@@ -118,7 +118,8 @@ def accelerate(out: str, mode: str) -> None:
             spindle.torch.install()
         loader_class = spindle.torch.DataLoader if tag == "spindle" and mode == "loader" else torch.utils.data.DataLoader
         set_seed(SEED)
-        loader = loader_class(Indexed(out, tag), batch_size=BATCH, shuffle=True, num_workers=2)
+        dataset = Indexed(out, tag)
+        loader = loader_class(dataset, batch_size=BATCH, shuffle=True, num_workers=2)
         model = torch.nn.Linear(1, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
         model, optimizer, dl = accelerator.prepare(model, optimizer, loader)
@@ -131,6 +132,7 @@ def accelerate(out: str, mode: str) -> None:
                 syncs.append(accelerator.sync_gradients)
                 ends.append(accelerator.gradient_state.end_of_dataloader)
             order.append(batch.tolist())
+        dataset.tag = f"{tag}-skip"  # the workers of the skipping loader start (fork or spawn) with this tag
         skipper = accelerator.skip_first_batches(dl, 2)
         skipped = [batch.tolist() for batch in skipper]
         results[tag] = {"order": order, "syncs": syncs, "ends": ends, "skipped": skipped,

@@ -146,8 +146,10 @@ def test_accelerate_torchrun_prepare_accumulate_skip_on_spindle_workers(tmp_path
         seen += [i for batch in spindle_run["order"] for i in batch]
     assert sorted(seen) == list(range(SAMPLES))
     loaded = loads(tmp_path)
-    assert not_spindle_workers(loaded["spindle"]) == set()
-    assert sorted(i for i, _ in loaded["spindle"]) == sorted(i for i, _ in loaded["torch"])
+    for tag, what in (("spindle", "the prepared loader"), ("spindle-skip", "skip_first_batches' loader")):
+        assert loaded[tag], f"{what} loaded nothing"
+        assert not_spindle_workers(loaded[tag]) == set(), f"{what} loaded outside spindle's workers"
+        assert sorted(i for i, _ in loaded[tag]) == sorted(i for i, _ in loaded[tag.replace("spindle", "torch")])
 
 
 @pytest.mark.timeout(300)
