@@ -59,6 +59,7 @@ class StartSpec:
     in_order: bool = _DEFAULTS.in_order
     assign_in_turn: bool = _DEFAULTS.assign_in_turn
     round_robin: bool = _DEFAULTS.round_robin
+    fed: bool = _DEFAULTS.fed
     first_worker: int = _DEFAULTS.first_worker
     timeout: float = _DEFAULTS.timeout
     max_threads: Optional[int] = _DEFAULTS.max_threads
