@@ -86,6 +86,19 @@ class Draws:
         info = get_worker_info()
         return torch.tensor([i, info.id, random.random(), np.random.rand(), float(torch.rand(1))], dtype=torch.float64)
 
+class Range(IterableDataset):
+    """torch's documented split: worker_init_fn narrows the worker's copy of the dataset."""
+    def __init__(self):
+        self.start, self.end = 0, 100
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+def narrow(worker_id):
+    info = get_worker_info()
+    per = -(-100 // info.num_workers)
+    info.dataset.start = info.id * per
+    info.dataset.end = min(info.dataset.start + per, 100)
+
 def epoch(dataset, **kw):
     loader = storch.DataLoader(dataset, num_workers=8, batch_size=4, generator=torch.Generator().manual_seed(7),
                                **kw)
@@ -96,9 +109,12 @@ def run():
         warnings.simplefilter("always")
         stream = epoch(Split())
         mapped = epoch(Draws(), shuffle=True)
+        loader = storch.DataLoader(Range(), num_workers=8, batch_size=4, worker_init_fn=narrow,
+                                   persistent_workers=True)
+        narrowed = [[b.tolist() for b in loader] for _ in range(2)]  # the second epoch restarts the streams
     notes = [str(w.message) for w in caught if "logical workers" in str(w.message)]
-    assert len(notes) in (0, 2), notes  # both loaders shrunk, or neither
-    return {"stream": stream, "mapped": mapped, "notes": notes}
+    assert len(notes) in (0, 3), notes  # every loader shrunk, or none
+    return {"stream": stream, "mapped": mapped, "narrowed": narrowed, "notes": notes}
 
 if __name__ == "__main__":
     print(json.dumps(run()))
@@ -156,8 +172,9 @@ def test_grain_checkpoint_at_16_processes_resumes_exactly_on_3():
 
 def test_torch_datasets_split_by_worker_info_give_the_same_batches_on_a_few_processes():
     """spindle.torch with num_workers=8 on a few processes: an IterableDataset split by get_worker_info() and a
-    shuffled map dataset drawing from random/numpy/torch give exactly the batches of 8 processes (each
-    logical worker keeps its worker_info and generators)."""
+    shuffled map dataset drawing from random/numpy/torch, and torch's documented worker_init_fn split (over two
+    persistent epochs) give exactly the batches of 8 processes (each logical worker keeps its worker_info,
+    generators and dataset attributes)."""
     pytest.importorskip("torch")
     reference = in_process(TORCH)
     assert reference["notes"] == []
@@ -166,3 +183,5 @@ def test_torch_datasets_split_by_worker_info_give_the_same_batches_on_a_few_proc
     assert len(run["stream"]) == len(reference["stream"]) == 40  # 19 or 18 elements a stream, batches of 4
     assert run["stream"] == reference["stream"]
     assert run["mapped"] == reference["mapped"]
+    assert run["narrowed"] == reference["narrowed"]
+    assert sorted(sum(run["narrowed"][1], [])) == list(range(100))

@@ -57,14 +57,22 @@ class LogicalWorkers:
     fewer processes than the data's workers, process p serves logical workers p, p + P, ...
     Each keeps its own random, numpy and torch generator states and torch's ``get_worker_info()``;
     :meth:`switch` swaps them when the process turns to another logical worker's item, so each
-    logical worker draws exactly what it would in a process of its own."""
+    logical worker draws exactly what it would in a process of its own.
 
-    def __init__(self, ctx: Any) -> None:
+    With `dataset` and `pristine` (its attributes before any setup, :func:`attributes_of`), the
+    dataset's attributes are per logical worker too: a ``worker_init_fn`` that sets
+    ``get_worker_info().dataset.start`` (torch's documented way to split a stream) sets it for its
+    own logical worker. Attributes are swapped, not deep-copied: an object an attribute holds
+    and that setup mutates in place is still shared."""
+
+    def __init__(self, ctx: Any, dataset: Any = None, pristine: Optional[dict[str, Any]] = None) -> None:
         global _current_logical
         self.count = ctx.logical_workers
         self.shared = self.count > ctx.num_workers  # more than one logical worker in this process
         self.current = _current_logical = ctx.worker_id
         self._saved: dict[int, tuple[Any, ...]] = {}
+        self._dataset = dataset if pristine is not None else None
+        self._pristine = pristine
 
     def of(self, item: Any) -> int:
         """The logical worker `item` is for (this process's own id when items are not addressed)."""
@@ -76,13 +84,28 @@ class LogicalWorkers:
         global _current_logical
         if worker == self.current:
             return False
-        self._saved[self.current] = _global_states()
+        self._saved[self.current] = (_global_states(), attributes_of(self._dataset))
         self.current = _current_logical = worker
         saved = self._saved.pop(worker, None)
         if saved is None:
+            _set_attributes(self._dataset, self._pristine)
             return True
-        _set_global_states(saved)
+        _set_global_states(saved[0])
+        _set_attributes(self._dataset, saved[1])
         return False
+
+
+def attributes_of(obj: Any) -> Optional[dict[str, Any]]:
+    """A shallow copy of `obj`'s instance attributes (None: no object, or none it can have)."""
+    attributes = getattr(obj, "__dict__", None) if obj is not None else None
+    return dict(attributes) if isinstance(attributes, dict) else None
+
+
+def _set_attributes(obj: Any, attributes: Optional[dict[str, Any]]) -> None:
+    if obj is not None and attributes is not None:
+        current = obj.__dict__
+        current.clear()
+        current.update(attributes)
 
 
 def _global_states() -> tuple[Any, ...]:
@@ -263,9 +286,11 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
         setup(worker, count)
         streams[worker] = _Stream(iter(dataset))
 
+    # The dataset's attributes as forked, before any logical worker's setup changed them.
+    pristine = attributes_of(dataset) if ctx.logical_workers > ctx.num_workers else None
     if (failure := _start(ctx, open_stream)) is not None:
         return _answer_failed_start(ctx, failure)
-    logical = LogicalWorkers(ctx)
+    logical = LogicalWorkers(ctx, dataset, pristine)
     read_stream = transport.read_stream
     record = ctx.sample_record()
     try:
