@@ -294,17 +294,19 @@ void Loader::start() {
   post_more();
 }
 
+bool Loader::more_to_post(bool fed_pending) const {
+  if (options_.round_robin) return std::find(active_.begin(), active_.end(), true) != active_.end();
+  // A fed loader whose feed is open will be given more (the consumer draws after each batch).
+  return next_post_ < batches_.size() || (fed_pending && options_.fed && !feed_ended_);
+}
+
 void Loader::post_more() {
   const BatchRing& r = ring_->ring;
   const uint32_t n = r.geometry().num_slots;
   const auto nw = logical_;  // turns go over the logical workers; l's items to process l mod P
   const auto np = static_cast<uint32_t>(options_.num_workers);
-  auto more = [&] {
-    if (options_.round_robin) return std::find(active_.begin(), active_.end(), true) != active_.end();
-    return next_post_ < batches_.size();
-  };
   uint32_t s = 0;
-  while (inflight_.size() < inflight_target_ && more()) {
+  while (inflight_.size() < inflight_target_ && more_to_post(/*fed_pending=*/false)) {
     while (s < n && r.state(s) != SlotState::kFree) ++s;
     if (s == n) return;  // every other slot is leased by the user
     SlotHeader& h = r.slot(s);
@@ -313,8 +315,21 @@ void Loader::post_more() {
     uint32_t queue = 0;
     int32_t stream = -1;
     if (options_.round_robin) {
-      // Task k goes to the next worker whose stream has not ended, in turn.
-      while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
+      // Task k goes to the next worker whose stream has not ended, in turn; out of order, as torch
+      // does, to the next one with fewer than its share of the tasks outstanding (the share grows
+      // as streams end), so a slow worker is skipped.
+      if (options_.in_order) {
+        while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
+      } else {
+        const auto alive = static_cast<uint32_t>(std::count(active_.begin(), active_.end(), true));
+        const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(options_.prefetch_factor) * nw / alive);
+        uint32_t tried = 0;
+        while (tried < nw && (!active_[next_worker_] || outstanding_[next_worker_] >= share)) {
+          next_worker_ = (next_worker_ + 1) % nw;
+          ++tried;
+        }
+        if (tried == nw) return;  // every open stream has its share: wait for a delivery
+      }
       if (!restart_.empty() && restart_[next_worker_]) {
         // The first item of this worker's new stream carries its start message.
         const std::string& m = messages_[next_worker_];
@@ -441,14 +456,17 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
       throw;
     }
   }();
-  bool pipeline_has_room = false;
-  for (uint32_t i = 0; i < r.geometry().num_slots && !pipeline_has_room; ++i)
-    pipeline_has_room = r.state(i) != SlotState::kLeased;
-  if (!pipeline_has_room) {
+  // The batches the user keeps must not starve the workers (torch's are not limited by what the
+  // user holds): when no slot is free to post the next batch into while fewer than the target are
+  // in flight and more are to come, this batch is copied out and its slot goes back to work.
+  post_more();
+  bool slot_free = false;
+  for (uint32_t i = 0; i < r.geometry().num_slots && !slot_free; ++i) slot_free = r.state(i) == SlotState::kFree;
+  if (!slot_free && inflight_.size() < inflight_target_ && more_to_post(/*fed_pending=*/true)) {
     batch.copy_out();
     ++copied_out_;
+    post_more();
   }
-  post_more();
   if (options_.stats) record_wait(entered, h.count, h.skipped);
   return batch;
 }

@@ -247,6 +247,9 @@ class Loader {
   void rethrow_if_broken() const;
   void start();
   void post_more();
+  // Batches remain to be posted (planned ones not yet posted, open streams; with fed_pending, also
+  // a fed loader whose feed has not ended).
+  bool more_to_post(bool fed_pending) const;
   void drain_inflight();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
