@@ -122,6 +122,9 @@ wheel: deps $(addsuffix /.deps-ok,$(MATRIX_VENVS))
 # The base package's tests (no torch, jax or grain in these venvs; those tests skip) on each
 # of MATRIX_VERSIONS, against its repaired wheel. Not here: the files whose every test needs a
 # peer, and the thread-limit tests, which run Debian's python3 as an unprivileged uid.
+MATRIX_TEST_FILES := test_bindings.py test_dataloader.py test_sources.py test_native_pipeline.py test_ops.py \
+	test_pipeline_stages.py test_typed_errors.py test_worker_failures.py test_worker_stdio.py test_lifecycle.py \
+	test_start_methods.py
 MATRIX_TESTS := $(addprefix tests/python/,$(MATRIX_TEST_FILES))
 test-matrix: wheel
 	@for v in $(MATRIX_VERSIONS); do \
