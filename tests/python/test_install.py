@@ -152,7 +152,7 @@ def test_the_wheel_is_manylinux_and_auditwheel_show_accepts_it(fresh):
         path = path.split(" (")[0]
         if not path or name.startswith(("linux-vdso", "/lib64/ld-linux")) or name.startswith("ld-linux"):
             continue
-        if not (Path(path).parent == vendored or name in allowed):
+        if not (Path(path).resolve().parent == vendored.resolve() or name in allowed):
             outside.append(line.strip())
     assert outside == [], outside
     assert any(vendored.glob("libtbb*")) and any(vendored.glob("libjpeg*")), sorted(os.listdir(vendored))
@@ -176,12 +176,12 @@ def test_the_readmes_first_example_and_a_native_jpeg_pipeline_run(fresh):
             PIL.fromarray(np.full((48, 40, 3), 60 * c + k, np.uint8)).save(images / name / f"{k}.jpg", quality=95)
     code = ("import numpy as np, spindle\n"
             "from spindle import pipeline as sp\n"
-            f"pipe = sp.image_folder({str(images)!r}).decode().batch(6)\n"
+            f"pipe = sp.image_folder({str(images)!r}).decode().center_crop(32).batch(6)\n"
             "(b,) = list(spindle.PipelineLoader(pipe, num_workers=2))\n"
             "print(b['image'].shape, sorted(b['label'].tolist()), sorted(int(round(float(v))) for v in b['image'].mean((1, 2, 3))))\n")
     done = run([python, "-c", code], cwd=tmp, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "(6, 48, 40, 3) [0, 0, 0, 1, 1, 1] [0, 1, 2, 60, 61, 62]", done.stdout
+    assert done.stdout.strip() == "(6, 32, 32, 3) [0, 0, 0, 1, 1, 1] [0, 1, 2, 60, 61, 62]", done.stdout
 
 
 def test_the_wheel_installs_only_the_declared_dependencies(fresh):
