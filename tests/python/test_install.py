@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -26,15 +27,24 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # The clone's wheel compiles the C++ core from scratch (minutes on 2 cores); the index's numpy.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = pytest.mark.timeout(2400)
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSIONS = [c.rsplit(" ", 1)[1] for c in PYPROJECT["project"]["classifiers"]
             if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
 WHEELHOUSE = Path(os.environ.get("SPINDLE_WHEELHOUSE", REPO / "build" / "wheelhouse"))
 
 
-def run(cmd, **kwargs):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1500, **kwargs)
+def run(cmd, timeout=2100, **kwargs):
+    """`cmd`'s completed process; on a timeout its whole process group (a build's compilers) is killed."""
+    with subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def interpreter(version: str) -> str:
