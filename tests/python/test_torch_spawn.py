@@ -237,3 +237,48 @@ def test_multiprocessing_sees_a_spawned_worker_as_a_child_of_the_consumer(method
     for cls in (TorchLoader, DataLoader):
         rows = torch.cat(list(cls(WhoAmI(), batch_size=1, num_workers=WORKERS, multiprocessing_context=method)))
         assert rows.tolist() == expected, cls
+
+
+class CountsUnderSemaphore(Dataset):
+    """mp.Value (with its own lock) and mp.Semaphore of the default context, as a script that sets a
+    start method globally makes them; each sample counts itself under both."""
+
+    def __init__(self):
+        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
+        self.slots = multiprocessing.Semaphore(2)
+
+    def __len__(self):
+        return SAMPLES
+
+    def __getitem__(self, i):
+        with self.slots, self.count.get_lock():
+            self.count.value += 1
+        return torch.tensor(i)
+
+    def names_exist(self):
+        """Whether both named semaphores are still in /dev/shm (a worker's exit must not unlink them)."""
+        import os
+        return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
+                for lock in (self.count.get_lock(), self.slots)]
+
+
+def test_the_global_forkserver_start_method_carries_a_value_and_a_semaphore_like_torch():
+    """Proves: after set_start_method('forkserver') (Python 3.14's default), one dataset holding
+    mp.Value(lock=True) and mp.Semaphore loads in torch's and spindle.torch's spawned workers, and in
+    spindle.DataLoader's forked ones before them, with torch's batches and counts; no worker's end unlinks
+    the consumer's semaphores (a later spawned worker would fail in SemLock._rebuild)."""
+    from spindle import DataLoader as BaseLoader
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    try:
+        dataset = CountsUnderSemaphore()
+        assert dataset.names_exist() == [True, True]
+        got = []
+        for cls in (BaseLoader, TorchLoader, DataLoader, TorchLoader):
+            batches = [torch.as_tensor(b).tolist() for b in cls(dataset, batch_size=2, num_workers=WORKERS)]
+            got.append((cls.__module__, batches, dataset.count.value, dataset.names_exist()))
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    batches = [[0, 1], [2, 3], [4, 5]]
+    assert got == [(cls.__module__, batches, SAMPLES * n, [True, True])
+                   for n, cls in enumerate((BaseLoader, TorchLoader, DataLoader, TorchLoader), 1)]
