@@ -45,7 +45,7 @@ class Zoo:
         vocab = {w: i for i, w in enumerate(["[UNK]", *WORDS])}  # built here: no hub download
         self.tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
         self.tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-        self.path, self.n = path, n
+        self.path, self.n, self.names = path, n, True
 
     def __len__(self):
         return self.n
@@ -63,8 +63,10 @@ class Zoo:
         sums = pl.from_arrow(self.warm(i)).group_by("key").agg(pl.col("value").sum()).sort("key")
         assert sums.height == 16
         names = threads()
-        return {"index": i, "pid": os.getpid(), "threads": sum(names.values()),
-                "names": json.dumps(dict(names))}
+        sample = {"index": i, "pid": os.getpid(), "threads": sum(names.values())}
+        if self.names:  # torch's collate batches strings; spindle.DataLoader batches arrays only
+            sample["names"] = json.dumps(dict(names))
+        return sample
 
 
 def write_parquet(folder):
@@ -86,10 +88,12 @@ def run(loader_kind, workers, samples):
         loader = data.DataLoader(dataset, batch_size=4, num_workers=workers)
     else:
         import spindle
+        dataset.names = False
         loader = spindle.DataLoader(dataset, batch_size=4, num_workers=workers)
     seen, per_worker = [], {}
     for batch in loader:
-        for index, pid, count, names in zip(batch["index"], batch["pid"], batch["threads"], batch["names"]):
+        names = batch.get("names", ["{}"] * len(batch["index"]))
+        for index, pid, count, names in zip(batch["index"], batch["pid"], batch["threads"], names):
             seen.append(int(index))
             if int(count) >= per_worker.get(int(pid), (0, ""))[0]:
                 per_worker[int(pid)] = (int(count), names)
@@ -116,6 +120,12 @@ else:
 SAMPLES = 64
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The threads of a fresh process started with the workers' environment, after one sample."""
+    return _zoo(tmp_path_factory.mktemp("zoo"), "reference")
+
+
 def _zoo(tmp_path, *args: str) -> dict:
     script = tmp_path / "zoo.py"
     script.write_text(ZOO)
@@ -124,11 +134,10 @@ def _zoo(tmp_path, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_capped_workers_add_no_pool_threads_where_torchs_add_several(tmp_path):
+def test_capped_workers_add_no_pool_threads_where_torchs_add_several(tmp_path, reference):
     """Proves: with tokenizers, OpenCV and pyarrow loaded in the consumer and polars imported in the workers,
     spindle.torch's 4 workers hold no more threads than a fresh process started with the workers' one-thread
     environment, while torch's DataLoader workers hold several more each."""
-    reference = _zoo(tmp_path, "reference")
     ours = _zoo(tmp_path, "spindle.torch", "4", str(SAMPLES))
     theirs = _zoo(tmp_path, "torch", "4", str(SAMPLES))
     for run in (ours, theirs):
@@ -151,10 +160,9 @@ _STAGED = ("spindle", "numpy", "tokenizers", "cv2", "pyarrow", "polars", "_polar
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root to switch to an unprivileged uid")
-def test_sixteen_capped_workers_finish_the_zoo_under_little_headroom(tmp_path):
+def test_sixteen_capped_workers_finish_the_zoo_under_little_headroom(reference):
     """Proves: 16 workers running tokenizers, OpenCV, a threaded parquet read and polars complete an epoch, every
     sample once, as uid 65534 with ulimit -u headroom for 16 capped workers and little more."""
-    reference = _zoo(tmp_path, "reference")
     headroom = 16 * reference["threads"] + 8
     done = run_limited(LIMITED, headroom=headroom, timeout=240, packages=_STAGED)
     assert done.returncode == 0, done.stderr[-4000:]
