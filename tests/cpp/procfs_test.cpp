@@ -52,8 +52,12 @@ bool eventually(Pred pred) {
 // Proves: utime and stime (fields 14 and 15) are read, in clock ticks.
 TEST(ProcfsStat, ParsesCpuTimes) {
   std::string line = "12 (w) S 1";
-  for (int f = 5; f <= 22; ++f) line += " " + std::to_string(f == 14 ? 123 : f == 15 ? 45 : f == 20 ? 2 : 0);
-  const ProcessStat s = parse_stat(line + " 4096\n");
+  for (int f = 5; f <= 22; ++f) {
+    line += ' ';
+    line += std::to_string(f == 14 ? 123 : f == 15 ? 45 : f == 20 ? 2 : 0);
+  }
+  line += " 4096\n";
+  const ProcessStat s = parse_stat(line);
   EXPECT_EQ(s.utime, 123u);
   EXPECT_EQ(s.stime, 45u);
   EXPECT_EQ(s.num_threads, 2);
@@ -222,14 +226,16 @@ TEST(ProcfsLimits, OwnMaxProcessesIsRlimitNproc) {
   const auto it = std::find_if(limits->begin(), limits->end(), [](const auto& l) { return l.name == "Max processes"; });
   ASSERT_NE(it, limits->end());
   EXPECT_EQ(it->soft.has_value(), rl.rlim_cur != RLIM_INFINITY);
-  if (it->soft) EXPECT_EQ(*it->soft, rl.rlim_cur);
+  if (it->soft) {
+    EXPECT_EQ(*it->soft, rl.rlim_cur);
+  }
 }
 
 // Proves: a command line splits at its NUL bytes (an empty one is a kernel thread's); a missing process
 // is nullopt; an integer sysctl reads by its dotted name, an absent or non-integer one is nullopt.
 TEST(ProcfsCmdlineSysctl, FakeTree) {
   TempDir dir;
-  write_file(dir.path() / "7" / "cmdline", std::string("python\0-m\0a b\0", 15));
+  write_file(dir.path() / "7" / "cmdline", std::string("python\0-m\0a b\0", 14));
   write_file(dir.path() / "8" / "cmdline", "");
   write_file(dir.path() / "sys" / "kernel" / "threads-max", "125000\n");
   write_file(dir.path() / "sys" / "kernel" / "ostype", "Linux\n");
