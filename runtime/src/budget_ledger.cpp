@@ -12,7 +12,7 @@
 
 // The ledger's policy half: how a lease is granted, reserved, given back and
 // marked started. The table itself is budget_ledger_table.cpp's.
-namespace spindle {
+namespace spindle::detail {
 
 using namespace detail::ledger;
 
@@ -249,4 +249,4 @@ int BudgetLedger::local_arena_threads() {
   return impl_->local_helpers();
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

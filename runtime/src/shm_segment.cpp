@@ -17,7 +17,7 @@
 
 namespace bip = boost::interprocess;
 
-namespace spindle {
+namespace spindle::detail {
 namespace {
 
 std::atomic<unsigned> g_counter{0};
@@ -119,4 +119,4 @@ ShmSegment::~ShmSegment() {
   if (fd_ >= 0) close(fd_);
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-namespace spindle {
+namespace spindle::detail {
 
 class ShmSegment {
  public:
@@ -50,4 +50,4 @@ class ShmSegment {
   int fd_ = -1;
 };
 
-}  // namespace spindle
+}  // namespace spindle::detail
