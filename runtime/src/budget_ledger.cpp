@@ -12,9 +12,7 @@
 
 // The ledger's policy half: how a lease is granted, reserved, given back and
 // marked started. The table itself is budget_ledger_table.cpp's.
-namespace spindle::detail {
-
-using namespace detail::ledger;
+namespace spindle {
 
 BudgetPolicy parse_budget_policy(const std::string& name) {
   if (name == "shrink") return BudgetPolicy::kShrink;
@@ -32,6 +30,12 @@ const char* budget_policy_name(BudgetPolicy p) noexcept {
   }
   return "?";
 }
+
+}  // namespace spindle
+
+namespace spindle::detail {
+
+using namespace ledger;
 
 // ---------------------------------------------------------------- leases
 
