@@ -10,6 +10,16 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+namespace {
+
+// fn() with the GIL released: the reading is procfs's, the conversion the caller's.
+template <class Fn>
+auto without_gil(Fn&& fn) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
+}  // namespace
 
 void register_procfs(py::module_& m) {
   py::class_<procfs::ProcessStat>(m, "ProcessStat", "The fields of /proc/<pid>/stat the package uses.")
@@ -117,11 +127,7 @@ void register_procfs(py::module_& m) {
   m.def(
       "process_limits",
       [](int pid, const std::string& proc_root) {
-        std::optional<std::vector<procfs::ResourceLimit>> limits;
-        {
-          py::gil_scoped_release release;
-          limits = procfs::read_limits(pid, proc_root);
-        }
+        const auto limits = without_gil([&] { return procfs::read_limits(pid, proc_root); });
         if (!limits) return py::object(py::none());
         py::dict out;
         for (const auto& l : *limits) out[py::str(l.name)] = py::make_tuple(l.soft, l.hard);
@@ -133,27 +139,21 @@ void register_procfs(py::module_& m) {
   m.def(
       "process_cmdline",
       [](int pid, const std::string& proc_root) {
-        py::gil_scoped_release release;
-        return procfs::read_cmdline(pid, proc_root);
+        return without_gil([&] { return procfs::read_cmdline(pid, proc_root); });
       },
       py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
       "/proc/<pid>/cmdline as its arguments (empty for a kernel thread); None if the process is gone.");
   m.def(
       "sysctl_int",
       [](const std::string& name, const std::string& proc_root) {
-        py::gil_scoped_release release;
-        return procfs::read_sysctl_int(name, proc_root);
+        return without_gil([&] { return procfs::read_sysctl_int(name, proc_root); });
       },
       py::arg("name"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
       "An integer sysctl named as sysctl(8) names it (\"kernel.threads-max\"); None if absent or unreadable.");
   m.def(
       "process_maps",
       [](int pid, const std::string& proc_root) {
-        std::optional<std::vector<procfs::Mapping>> maps;
-        {
-          py::gil_scoped_release release;
-          maps = procfs::read_maps(pid, proc_root);
-        }
+        const auto maps = without_gil([&] { return procfs::read_maps(pid, proc_root); });
         if (!maps) return py::object(py::none());
         py::list out;
         for (const auto& mp : *maps) out.append(py::make_tuple(mp.start, mp.end, mp.perms, mp.path));
@@ -165,11 +165,7 @@ void register_procfs(py::module_& m) {
   m.def(
       "thread_stack_pointer",
       [](int pid, int tid, const std::string& proc_root) -> py::object {
-        std::optional<procfs::ThreadSyscall> state;
-        {
-          py::gil_scoped_release release;
-          state = procfs::read_thread_syscall(pid, tid, proc_root);
-        }
+        const auto state = without_gil([&] { return procfs::read_thread_syscall(pid, tid, proc_root); });
         if (!state) return py::none();
         if (state->running) return py::str("running");
         return py::int_(*state->stack_pointer);
@@ -180,11 +176,7 @@ void register_procfs(py::module_& m) {
   m.def(
       "read_process_memory",
       [](int pid, uint64_t address, std::size_t length, const std::string& proc_root) -> py::object {
-        std::optional<std::string> data;
-        {
-          py::gil_scoped_release release;
-          data = procfs::read_memory(pid, address, length, proc_root);
-        }
+        const auto data = without_gil([&] { return procfs::read_memory(pid, address, length, proc_root); });
         if (!data) return py::none();
         return py::bytes(*data);
       },

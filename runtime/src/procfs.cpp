@@ -483,30 +483,28 @@ std::optional<std::string> read_memory(pid_t pid, uint64_t address, std::size_t 
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (gone(errno)) return std::nullopt;
-    const int e = errno;
-    errno = e;
     SPINDLE_THROW_ERRNO("spindle: cannot read " + path + " (reading another process's memory needs ptrace "
                         "access: the same uid and kernel.yama.ptrace_scope 0, or root)");
   }
   std::string out(length, '\0');
   std::size_t got = 0;
+  int error = 0;  // of the read that stopped short
   while (got < length) {
     const ssize_t n = ::pread(fd, out.data() + got, length - got, static_cast<off_t>(address + got));
-    if (n > 0) {
-      got += static_cast<std::size_t>(n);
-    } else if (n == 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = n < 0 ? errno : 0;
       break;
-    } else if (errno != EINTR) {
-      const int e = errno;
-      ::close(fd);
-      if (gone(e)) return std::nullopt;
-      if (got > 0) break;  // the range ran into unmapped memory: what was read
-      errno = e;
-      SPINDLE_THROW_ERRNO("spindle: cannot read " + std::to_string(length) + " bytes at " +
-                          std::to_string(address) + " from " + path);
     }
+    got += static_cast<std::size_t>(n);
   }
   ::close(fd);
+  if (got == 0 && error != 0) {  // past the first byte, a failure is the range running into unmapped memory
+    if (gone(error)) return std::nullopt;
+    errno = error;
+    SPINDLE_THROW_ERRNO("spindle: cannot read " + std::to_string(length) + " bytes at " + std::to_string(address) +
+                        " from " + path);
+  }
   out.resize(got);
   return out;
 }
