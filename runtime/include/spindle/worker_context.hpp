@@ -46,7 +46,7 @@ class WorkerContext {
   // least num_workers(); this process serves logical workers l with
   // l mod num_workers() == worker_id() (WorkItem::stream says which).
   int logical_workers() const noexcept {
-    const RingGeometry& g = ring_.geometry();
+    const detail::RingGeometry& g = ring_.geometry();
     return static_cast<int>(g.logical_workers > g.num_workers ? g.logical_workers : g.num_workers);
   }
 
