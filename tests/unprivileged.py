@@ -23,8 +23,12 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 def stage(dest: Path, packages: list[str]) -> None:
     """Copies importable packages or modules (by name) into `dest`, readable by everyone; a
-    wheel's bundled libraries (`<name>.libs` beside the package, e.g. numpy's OpenBLAS) too."""
+    wheel's bundled libraries (`<name>.libs` or `<distribution>.libs` beside the package, e.g.
+    numpy's OpenBLAS, opencv-python-headless's libraries for cv2) too."""
     import importlib
+    import importlib.metadata
+
+    distributions = importlib.metadata.packages_distributions()
 
     for name in packages:
         path = Path(importlib.import_module(name).__file__)
@@ -32,9 +36,10 @@ def stage(dest: Path, packages: list[str]) -> None:
             shutil.copy(path, dest / path.name)
             continue
         shutil.copytree(path.parent, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-        libs = path.parent.with_name(name + ".libs")
-        if libs.is_dir():
-            shutil.copytree(libs, dest / libs.name)
+        for owner in (name, *(d.replace("-", "_") for d in distributions.get(name, ()))):
+            libs = path.parent.with_name(owner + ".libs")
+            if libs.is_dir() and not (dest / libs.name).exists():
+                shutil.copytree(libs, dest / libs.name)
     for root, dirs, files in os.walk(dest):
         os.chmod(root, 0o755)
         for f in files:

@@ -33,25 +33,25 @@ using namespace std::chrono_literals;
 // A queue in its own shared anonymous mapping.
 class SharedQueue {
  public:
-  explicit SharedQueue(uint32_t capacity) : bytes_(spindle::IndexQueue::bytes_for(capacity)) {
+  explicit SharedQueue(uint32_t capacity) : bytes_(spindle::detail::IndexQueue::bytes_for(capacity)) {
     mem_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (mem_ == MAP_FAILED) throw std::runtime_error("mmap failed");
-    queue_ = spindle::IndexQueue::create(mem_, capacity);
+    queue_ = spindle::detail::IndexQueue::create(mem_, capacity);
   }
   ~SharedQueue() { munmap(mem_, bytes_); }
   SharedQueue(const SharedQueue&) = delete;
   SharedQueue& operator=(const SharedQueue&) = delete;
-  spindle::IndexQueue& operator*() const { return *queue_; }
-  spindle::IndexQueue* operator->() const { return queue_; }
+  spindle::detail::IndexQueue& operator*() const { return *queue_; }
+  spindle::detail::IndexQueue* operator->() const { return queue_; }
 
  private:
   std::size_t bytes_;
   void* mem_;
-  spindle::IndexQueue* queue_;
+  spindle::detail::IndexQueue* queue_;
 };
 
 // Claims one item, sleeping on the futex while the queue is empty (a worker's way).
-uint32_t claim_one(spindle::IndexQueue& q) {
+uint32_t claim_one(spindle::detail::IndexQueue& q) {
   for (;;) {
     if (auto item = q.try_claim()) return *item;
     q.wait(10ms);
@@ -60,7 +60,7 @@ uint32_t claim_one(spindle::IndexQueue& q) {
 
 // Posts one item, yielding while the queue is full (the consumer's flow control
 // guarantees room; a benchmark producer has to wait for it).
-void post_one(spindle::IndexQueue& q, uint32_t item) {
+void post_one(spindle::detail::IndexQueue& q, uint32_t item) {
   while (q.outstanding() >= q.capacity()) std::this_thread::yield();
   q.post(item);
 }
@@ -91,7 +91,7 @@ BENCHMARK_TEMPLATE(BM_QueueThroughput, 4)->ThreadRange(2, 4)->UseRealTime()->Min
 BENCHMARK_TEMPLATE(BM_QueueThroughput, 64)->ThreadRange(2, 4)->UseRealTime()->MinTime(0.2);
 
 struct SpinWaiter {
-  static uint32_t claim(spindle::IndexQueue& q) {
+  static uint32_t claim(spindle::detail::IndexQueue& q) {
     for (;;) {
       if (auto item = q.try_claim()) return *item;
       std::this_thread::yield();
@@ -99,7 +99,7 @@ struct SpinWaiter {
   }
 };
 struct FutexWaiter {
-  static uint32_t claim(spindle::IndexQueue& q) { return claim_one(q); }
+  static uint32_t claim(spindle::detail::IndexQueue& q) { return claim_one(q); }
 };
 
 // Round trip: the benchmark thread posts to `request`, an echo thread claims it

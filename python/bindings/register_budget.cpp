@@ -14,6 +14,11 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+using spindle::detail::Arena;
+using spindle::detail::LeaseInfo;
+using spindle::detail::LedgerLease;
+using spindle::detail::LedgerStatus;
+using spindle::detail::BudgetLedger;
 namespace {
 // kUnlimited shows up in Python as None.
 std::optional<int64_t> opt(int64_t v) { return v == kUnlimited ? std::nullopt : std::optional<int64_t>(v); }

@@ -14,6 +14,7 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+using spindle::detail::BatchRing;
 
 void register_layout(py::module_& m) {
   m.attr("MIN_SLOT_BYTES") = BatchRing::kMinSlotStride;

@@ -10,6 +10,16 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+namespace {
+
+// fn() with the GIL released: the reading is procfs's, the conversion the caller's.
+template <class Fn>
+auto without_gil(Fn&& fn) {
+  py::gil_scoped_release release;
+  return fn();
+}
+
+}  // namespace
 
 void register_procfs(py::module_& m) {
   py::class_<procfs::ProcessStat>(m, "ProcessStat", "The fields of /proc/<pid>/stat the package uses.")
@@ -19,6 +29,8 @@ void register_procfs(py::module_& m) {
                              "The state letter (field 3): R, S, D, T, t, Z, X, ...")
       .def_readonly("ppid", &procfs::ProcessStat::ppid, "The parent's pid (field 4).")
       .def_readonly("num_threads", &procfs::ProcessStat::num_threads, "Its threads (field 20).")
+      .def_readonly("utime", &procfs::ProcessStat::utime, "Clock ticks of CPU time in user mode (field 14).")
+      .def_readonly("stime", &procfs::ProcessStat::stime, "Clock ticks of CPU time in the kernel (field 15).")
       .def_readonly("start_time", &procfs::ProcessStat::start_time,
                     "Clock ticks after boot when it started (field 22); tells a reused pid apart.")
       .def("__repr__", [](const procfs::ProcessStat& s) {
@@ -130,6 +142,67 @@ void register_procfs(py::module_& m) {
       "pids.max and pids.current of every level from the cgroup of pid (None: this process) up to the "
       "root (v2, or the v1 pids hierarchy, which wins), as dicts with path, max (None: no limit) and "
       "current; levels without both files are left out. ThreadBudget binds to the tightest of them.");
+  m.def("clock_ticks_per_second", &procfs::clock_ticks_per_second,
+        "Clock ticks per second: the unit of ProcessStat.utime, stime and start_time.");
+  m.def(
+      "process_limits",
+      [](int pid, const std::string& proc_root) {
+        const auto limits = without_gil([&] { return procfs::read_limits(pid, proc_root); });
+        if (!limits) return py::object(py::none());
+        py::dict out;
+        for (const auto& l : *limits) out[py::str(l.name)] = py::make_tuple(l.soft, l.hard);
+        return py::object(std::move(out));
+      },
+      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "/proc/<pid>/limits as {name: (soft, hard)}, e.g. \"Max processes\"; None for unlimited. None if the "
+      "process is gone.");
+  m.def(
+      "process_cmdline",
+      [](int pid, const std::string& proc_root) {
+        return without_gil([&] { return procfs::read_cmdline(pid, proc_root); });
+      },
+      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "/proc/<pid>/cmdline as its arguments (empty for a kernel thread); None if the process is gone.");
+  m.def(
+      "sysctl_int",
+      [](const std::string& name, const std::string& proc_root) {
+        return without_gil([&] { return procfs::read_sysctl_int(name, proc_root); });
+      },
+      py::arg("name"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "An integer sysctl named as sysctl(8) names it (\"kernel.threads-max\"); None if absent or unreadable.");
+  m.def(
+      "process_maps",
+      [](int pid, const std::string& proc_root) {
+        const auto maps = without_gil([&] { return procfs::read_maps(pid, proc_root); });
+        if (!maps) return py::object(py::none());
+        py::list out;
+        for (const auto& mp : *maps) out.append(py::make_tuple(mp.start, mp.end, mp.perms, mp.path));
+        return py::object(std::move(out));
+      },
+      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "/proc/<pid>/maps as (start, end, perms, path) tuples, path \"\" for anonymous memory; None if the "
+      "process is gone. OSError without ptrace access.");
+  m.def(
+      "thread_stack_pointer",
+      [](int pid, int tid, const std::string& proc_root) -> py::object {
+        const auto state = without_gil([&] { return procfs::read_thread_syscall(pid, tid, proc_root); });
+        if (!state) return py::none();
+        if (state->running) return py::str("running");
+        return py::int_(*state->stack_pointer);
+      },
+      py::arg("pid"), py::arg("tid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "The stack pointer of a blocked thread (/proc/<pid>/task/<tid>/syscall), \"running\" for a thread on a "
+      "CPU, None if it is gone. OSError without ptrace access.");
+  m.def(
+      "read_process_memory",
+      [](int pid, uint64_t address, std::size_t length, const std::string& proc_root) -> py::object {
+        const auto data = without_gil([&] { return procfs::read_memory(pid, address, length, proc_root); });
+        if (!data) return py::none();
+        return py::bytes(*data);
+      },
+      py::arg("pid"), py::arg("address"), py::arg("length"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "length bytes of process pid's memory at address (/proc/<pid>/mem; fewer where the range ends in "
+      "unmapped memory); None if the process is gone. OSError without ptrace access.");
   m.def(
       "arm_parent_death",
       [](int parent, int signal) {

@@ -12,6 +12,8 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+using spindle::detail::SegmentView;
+using spindle::detail::ShmSegment;
 namespace {
 
 struct SealableSegment {

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -881,6 +881,16 @@ class ProcessStat:
         """
         The state letter (field 3): R, S, D, T, t, Z, X, ...
         """
+    @property
+    def stime(self) -> int:
+        """
+        Clock ticks of CPU time in the kernel (field 15).
+        """
+    @property
+    def utime(self) -> int:
+        """
+        Clock ticks of CPU time in user mode (field 14).
+        """
 class ProcessStatus:
     """
     The fields of /proc/<pid>/status the package uses.
@@ -1000,6 +1010,10 @@ def cgroup_pids_levels(pid: typing.SupportsInt | typing.SupportsIndex | None = N
     """
     pids.max and pids.current of every level from the cgroup of pid (None: this process) up to the root (v2, or the v1 pids hierarchy, which wins), as dicts with path, max (None: no limit) and current; levels without both files are left out. ThreadBudget binds to the tightest of them.
     """
+def clock_ticks_per_second() -> int:
+    """
+    Clock ticks per second: the unit of ProcessStat.utime, stime and start_time.
+    """
 def color_jitter(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, index: typing.SupportsInt | typing.SupportsIndex, brightness: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, contrast: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, saturation: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0, hue: typing.SupportsFloat | typing.SupportsIndex | tuple[typing.SupportsFloat | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex] = 0.0) -> numpy.ndarray:
     """
     ColorJitter of an (H, W, 3) copy, its draw from (seed, epoch, index).
@@ -1056,9 +1070,21 @@ def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing
     """
     A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
     """
+def process_cmdline(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> list[str] | None:
+    """
+    /proc/<pid>/cmdline as its arguments (empty for a kernel thread); None if the process is gone.
+    """
 def process_ids(*, proc_root: str = '/proc') -> list[int]:
     """
     The pids listed in /proc (every process, kernel threads included), ascending.
+    """
+def process_limits(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> typing.Any:
+    """
+    /proc/<pid>/limits as {name: (soft, hard)}, e.g. "Max processes"; None for unlimited. None if the process is gone.
+    """
+def process_maps(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> typing.Any:
+    """
+    /proc/<pid>/maps as (start, end, perms, path) tuples, path "" for anonymous memory; None if the process is gone. OSError without ptrace access.
     """
 def process_memory(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> MemoryRollup | None:
     """
@@ -1084,6 +1110,10 @@ def random_resized_crop_box(height: typing.SupportsInt | typing.SupportsIndex, w
     """
     torchvision RandomResizedCrop's box (top, left, h, w), drawn from (seed, epoch, index).
     """
+def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address: typing.SupportsInt | typing.SupportsIndex, length: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> typing.Any:
+    """
+    length bytes of process pid's memory at address (/proc/<pid>/mem; fewer where the range ends in unmapped memory); None if the process is gone. OSError without ptrace access.
+    """
 def reserve_stopping(tasks: typing.SupportsInt | typing.SupportsIndex) -> LedgerLease:
     """
     A lease of `tasks` threads of this process that run now and are about to be stopped and restarted (numpy's OpenBLAS pool around spindle's forks): pending until released, so no loader takes their tasks meanwhile. Granted without a check.
@@ -1095,5 +1125,13 @@ def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: t
 def rgb_to_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy.ndarray:
     """
     torchvision rgb_to_grayscale(num_output_channels=3) of an (H, W, 3) copy.
+    """
+def sysctl_int(name: str, *, proc_root: str = '/proc') -> int | None:
+    """
+    An integer sysctl named as sysctl(8) names it ("kernel.threads-max"); None if absent or unreadable.
+    """
+def thread_stack_pointer(pid: typing.SupportsInt | typing.SupportsIndex, tid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> typing.Any:
+    """
+    The stack pointer of a blocked thread (/proc/<pid>/task/<tid>/syscall), "running" for a thread on a CPU, None if it is gone. OSError without ptrace access.
     """
 MIN_SLOT_BYTES: int = 65536

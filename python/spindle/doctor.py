@@ -17,40 +17,11 @@ from typing import Any
 
 from . import _core
 from ._core import ThreadBudget
-from ._budget.threads import _read, mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
+from ._budget.runtimes import RUNTIMES
+from ._budget.threads import mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
 
-# What removes or shrinks each pool. One sentence each, the variable first.
-ADVICE: dict[str, str] = {
-    "OpenBLAS": "set OPENBLAS_NUM_THREADS=n before numpy is imported (its pool starts at import and never "
-                "shrinks), or call spindle.limit_threads(n) before importing numpy",
-    "OpenMP": "set OMP_NUM_THREADS=n before the library loads (torch: torch.set_num_threads(n) at any time), "
-              "or spindle.limit_threads(n)",
-    "MKL": "set MKL_NUM_THREADS=n before MKL loads, or spindle.limit_threads(n)",
-    "BLIS": "set BLIS_NUM_THREADS=n before BLIS loads, or spindle.limit_threads(n)",
-    "JAX/XLA": "set PJRT_NPROC=n before JAX's first computation (sizes its XLAPjRtCpuClient and XLAEigen pools "
-               "to n each; about 10 other XLA threads have no knob in jaxlib 0.10), or spindle.limit_threads(n) "
-               "before the first computation",
-    "TensorFlow": "set TF_NUM_INTEROP_THREADS=n and TF_NUM_INTRAOP_THREADS=n before TensorFlow starts, or "
-                  "tf.config.threading.set_inter_op_parallelism_threads(n) / set_intra_op_parallelism_threads(n) "
-                  "before the first op; tf.data: options.threading.private_threadpool_size; or "
-                  "spindle.limit_threads(n)",
-    "torch": "torch.set_num_interop_threads(n) before the first inter-op use; pt_autograd_* threads are one "
-             "per device type used by backward",
-    "TBB": "TBB pools are capped only by tbb::global_control in the code that uses TBB; spindle's own arena "
-           "is sized by its ThreadBudget (DataLoader max_threads)",
-    "spindle": "spindle's threads are budgeted: lower num_workers or max_threads",
-    "Python threads": "threading.Thread and executors: grain's read threads (ReadOptions(num_threads=n); "
-                      "spindle.limit_threads(n) lowers the default), concurrent.futures max_workers, user code",
-    "grain": "grain.ReadOptions(num_threads=n), or spindle.limit_threads(n) before the ReadOptions are made",
-}
-
-
-def _number(text: str | None) -> int | None:
-    """An integer, or None for "max"/"unlimited"/unreadable."""
-    if text is None:
-        return None
-    word = text.split()[0] if text.split() else ""
-    return int(word) if word.isdigit() else None
+# What removes or shrinks each pool, one sentence per runtime, the variable first (the runtime table's).
+ADVICE: dict[str, str] = {r.name: r.advice for r in RUNTIMES if r.advice}
 
 
 def _status(pid: int) -> _core.ProcessStatus | None:
@@ -61,16 +32,32 @@ def _status(pid: int) -> _core.ProcessStatus | None:
         return None
 
 
+def _stat(pid: int) -> _core.ProcessStat | None:
+    """/proc/<pid>/stat as the core's procfs reads it; None if the process is gone or unreadable."""
+    try:
+        return _core.process_stat(pid)
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of `pid`, its arguments joined by spaces ("" for a kernel thread, or gone)."""
+    try:
+        return " ".join(_core.process_cmdline(pid) or []).strip()
+    except OSError:
+        return ""
+
+
 def _nproc_limits(pid: int | None) -> tuple[int | None, int | None]:
     """RLIMIT_NPROC (soft, hard) of `pid` (None: this process); None = unlimited."""
     if pid is None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         return (None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard)
-    for line in (_read(f"/proc/{pid}/limits") or "").splitlines():
-        if line.startswith("Max processes"):
-            soft, hard = line[len("Max processes"):].split()[:2]
-            return (_number(soft), _number(hard))
-    return (None, None)
+    try:
+        limits = _core.process_limits(pid) or {}
+    except OSError:
+        return (None, None)
+    return limits.get("Max processes", (None, None))
 
 
 def cgroup_pids_levels(pid: int | None = None, cgroup_root: str = "/sys/fs/cgroup") -> list[dict[str, Any]]:
@@ -88,7 +75,7 @@ def _processes(uid: int) -> tuple[dict[int, int], int]:
         if status is None:
             continue
         node_tasks += status.threads
-        if status.real_uid == uid and _read(f"/proc/{pid}/cmdline"):
+        if status.real_uid == uid and _cmdline(pid):
             mine[pid] = status.ppid  # an empty cmdline is a kernel thread
     return mine, node_tasks
 
@@ -130,7 +117,7 @@ def describe_process(pid: int) -> dict[str, Any] | None:
         if g["runtime"] == "unattributed":
             entry["candidates"] = loaded
         out_groups.append(entry)
-    cmdline = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+    cmdline = _cmdline(pid)
     parent = status.ppid
     return {
         "pid": pid,
@@ -150,22 +137,21 @@ def _is_spindle_worker(loaded: list[str], cmdline: str, parent: int) -> bool:
     that a spindle consumer merely started (fork + exec, e.g. a test's subprocess) is not one."""
     if "spindle" not in loaded or "spindle" not in runtimes_of_libraries(mapped_libraries(parent) or []):
         return False
-    parent_cmdline = (_read(f"/proc/{parent}/cmdline") or "").replace("\0", " ").strip()
-    return cmdline == parent_cmdline or "spindle._runtime.spawned" in cmdline
+    return cmdline == _cmdline(parent) or "spindle._runtime.spawned" in cmdline
 
 
 def collect(pid: int | None = None) -> dict[str, Any]:
     """Limits, use and headroom for the uid of `pid` (default: this process's
     uid), and every process of that uid (or just `pid`) with its thread pools."""
-    if pid is not None and not os.path.isdir(f"/proc/{pid}"):
+    if pid is not None and _stat(pid) is None:
         raise ProcessLookupError(f"spindle doctor: no process {pid} (looked for /proc/{pid})")
     status = None if pid is None else _status(pid)
     uid = os.getuid() if status is None else status.real_uid
     soft, hard = _nproc_limits(pid)
     budget = ThreadBudget(uid=uid, nproc_limit=soft)  # counts the uid's tasks as the loaders do
     levels = cgroup_pids_levels(pid)
-    threads_max = _number(_read("/proc/sys/kernel/threads-max"))
-    pid_max = _number(_read("/proc/sys/kernel/pid_max"))
+    threads_max = _core.sysctl_int("kernel.threads-max")
+    pid_max = _core.sysctl_int("kernel.pid_max")
     parents, node_tasks = _processes(uid)
     pids = list(parents)
     if pid is not None:

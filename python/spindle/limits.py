@@ -30,38 +30,35 @@ docs/threads.md for the numbers):
   for ReadOptions made from now on, which covers ``to_iter_dataset()`` and
   ``grain.DataLoader`` without read_options. An explicit
   ``ReadOptions(num_threads=k)`` is left alone.
+- tokenizers, OpenCV, Arrow, polars, numba, onnxruntime: their variables
+  (RAYON_NUM_THREADS, OPENCV_FOR_THREADS_NUM, ARROW_IO_THREADS,
+  POLARS_MAX_THREADS, NUMBA_NUM_THREADS) and, if loaded, their own calls
+  (``cv2.setNumThreads``, ``pyarrow.set_cpu_count``/``set_io_thread_count``,
+  numba's thread count); onnxruntime reads no variable, so sessions made
+  without a thread count get ``n`` (an import hook). polars sizes its pool at
+  import and has no call: imported before, it is reported as running.
 - TBB: nothing to set (oneTBB reads no variable); spindle's own arena is
   sized from its ThreadBudget.
+
+The variables, patterns, calls and advice per runtime are the runtime table's
+(``spindle._budget.runtimes``), shared with the workers' caps and ``spindle doctor``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib.abc
 import os
 import sys
-import threading
-from typing import Any, Callable
+from typing import Any
 
+from ._budget import runtimes
 from ._budget.threads import process_threads
 
 try:
     import threadpoolctl
 except ImportError:  # a declared dependency; without it loaded pools are reported, not capped
     threadpoolctl = None
-
-# Read by each runtime when it loads or starts its pool.
-_ENVIRONMENT: dict[str, tuple[str, ...]] = {
-    "OpenMP": ("OMP_NUM_THREADS",),
-    "MKL": ("MKL_NUM_THREADS",),
-    "OpenBLAS": ("OPENBLAS_NUM_THREADS",),
-    "BLIS": ("BLIS_NUM_THREADS",),
-    "Accelerate": ("VECLIB_MAXIMUM_THREADS",),
-    "numexpr": ("NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS"),
-    "TensorFlow": ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
-    "JAX/XLA": ("PJRT_NPROC",),
-}
 
 # threadpoolctl's internal_api -> our runtime name.
 _THREADPOOLCTL_RUNTIMES = {"openblas": "OpenBLAS", "openmp": "OpenMP", "mkl": "MKL", "blis": "BLIS",
@@ -133,11 +130,12 @@ class ThreadLimitReport:
 
 def limit_threads(n: int) -> ThreadLimitReport:
     """Caps the thread pools of OpenMP, MKL, OpenBLAS, BLIS, numexpr, torch,
-    JAX/XLA, TensorFlow and grain in this process to ``n`` threads each, and
+    JAX/XLA, TensorFlow, grain, tokenizers, OpenCV, Arrow, polars, numba and
+    onnxruntime in this process to ``n`` threads each, and
     reports, per runtime, how (or that it was already running and what to do).
 
-    Call it first thing in the consumer, before importing numpy, torch, jax or
-    tensorflow: most runtimes size their pools once, when they start, and never
+    Call it first thing in the consumer, before importing numpy, torch, jax,
+    tensorflow or polars: most runtimes size their pools once, when they start, and never
     shrink them. Variables the user already set lower are kept. Workers of a
     spindle loader need none of this: they cap themselves to one thread.
     """
@@ -146,10 +144,7 @@ def limit_threads(n: int) -> ThreadLimitReport:
     existing = collections.Counter(t.runtime for t in process_threads(os.getpid()))
     threads_before = sum(existing.values())
 
-    environment = {}
-    for variables in _ENVIRONMENT.values():
-        for var in variables:
-            environment[var] = _cap_variable(var, n)
+    environment = {var: _cap_variable(var, n) for var in runtimes.environment(n)}
 
     results: list[RuntimeLimit] = []
     results += _cap_loaded_native(n, existing)
@@ -157,6 +152,8 @@ def limit_threads(n: int) -> ThreadLimitReport:
     results.append(_cap_jax(n, existing))
     results.append(_cap_tensorflow(n, existing))
     results.append(_cap_grain(n, existing))
+    results += [_cap_from_table(runtimes.BY_NAME[name], n, existing)
+                for name in ("tokenizers", "OpenCV", "Arrow", "polars", "numba", "onnxruntime")]
     results.append(RuntimeLimit(
         "TBB", NOT_CAPPED, "oneTBB reads no environment variable; spindle's own arena is sized from its "
         "ThreadBudget", existing["TBB"],
@@ -181,9 +178,10 @@ def _cap_loaded_native(n: int, existing: collections.Counter) -> list[RuntimeLim
             loaded[_THREADPOOLCTL_RUNTIMES.get(lib.internal_api, lib.internal_api)].append(lib)
     out = []
     for runtime in ("OpenMP", "MKL", "OpenBLAS", "BLIS", "FlexiBLAS"):
-        variables = "=".join((*_ENVIRONMENT.get(runtime, ()), str(n)))
+        known = runtimes.BY_NAME.get(runtime)
+        variables = "=".join((*(known.variables if known else ()), str(n)))
         if runtime not in loaded:
-            if runtime in _ENVIRONMENT:
+            if known is not None and known.variables:
                 how = f"{variables} (read when it loads)"
                 if threadpoolctl is None and existing[runtime]:
                     out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
@@ -210,12 +208,14 @@ def _cap_loaded_native(n: int, existing: collections.Counter) -> list[RuntimeLim
 
 
 def _cap_torch(n: int, existing: collections.Counter) -> RuntimeLimit:
+    cap = runtimes.BY_NAME["torch"].cap
+    assert cap is not None
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "set_num_interop_threads"):
-        _after_import("torch", lambda t: _set_torch_threads(t, n))
+        runtimes.after_import("torch", lambda t: cap(t, n))
         return RuntimeLimit("torch", AT_START, f"torch.set_num_threads({n}) and torch.set_num_interop_threads({n}) "
                             "when torch is imported (import hook)", existing["torch"])
-    interop_set = _set_torch_threads(torch, n)
+    interop_set = cap(torch, n)
     how = f"torch.set_num_threads({n})"
     if interop_set:
         return RuntimeLimit("torch", CAPPED, how + f", torch.set_num_interop_threads({n})", existing["torch"])
@@ -223,17 +223,6 @@ def _cap_torch(n: int, existing: collections.Counter) -> RuntimeLimit:
                         f"({torch.get_num_interop_threads()} threads)", existing["torch"],
                         f"call spindle.limit_threads before torch's first inter-op use "
                         "(torch.jit.fork, some ops)")
-
-
-def _set_torch_threads(torch: Any, n: int) -> bool:
-    """Caps torch's pools; False if its inter-op count can no longer be set."""
-    if torch.get_num_threads() > n:
-        torch.set_num_threads(n)
-    try:
-        torch.set_num_interop_threads(min(n, torch.get_num_interop_threads()))
-    except RuntimeError:
-        return False
-    return True
 
 
 def _cap_jax(n: int, existing: collections.Counter) -> RuntimeLimit:
@@ -265,7 +254,7 @@ def _cap_tensorflow(n: int, existing: collections.Counter) -> RuntimeLimit:
 
 
 def _cap_grain(n: int, existing: collections.Counter) -> RuntimeLimit:
-    _after_import("grain._src.python.options", lambda m: _set_grain_default(m, n))
+    runtimes.after_import("grain._src.python.options", lambda m: _set_grain_default(m, n))
     how = (f"the default ReadOptions.num_threads becomes min(16, {n}) for ReadOptions made from now on "
            "(to_iter_dataset(), grain.DataLoader without read_options); pass "
            f"ReadOptions(num_threads={n}) where you set it yourself")
@@ -284,57 +273,27 @@ def _set_grain_default(options: Any, n: int) -> None:
         init.__defaults__ = (n, *defaults[1:])
 
 
-# Post-import hooks: a knob only an API sets (torch's inter-op count, grain's
-# default) is applied when the module is imported, before the caller uses it.
-_hooks: dict[str, list[Callable[[Any], None]]] = {}
-_hooks_lock = threading.Lock()
-
-
-def _after_import(name: str, hook: Callable[[Any], None]) -> None:
-    """Runs hook(module) now if `name` is imported, else right after its import."""
-    module = sys.modules.get(name)
-    if module is not None:
-        hook(module)
-        return
-    with _hooks_lock:
-        _hooks.setdefault(name, []).append(hook)
-        if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _PostImportFinder())
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of a hooked module so that its
-    hooks run once the module has executed."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _hooks:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _HookedLoader(spec.loader, fullname)
-                return spec
-            if spec is not None:
-                return spec
-        return None
-
-
-class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, name: str) -> None:
-        self._loader = loader
-        self._name = name
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        with _hooks_lock:
-            hooks = _hooks.pop(self._name, [])
-        for hook in hooks:
-            hook(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
-        return getattr(self._loader, name)
+def _cap_from_table(runtime: runtimes.Runtime, n: int, existing: collections.Counter) -> RuntimeLimit:
+    """A runtime capped as the table says: its variables (read when it starts its pool), and its cap
+    call now if it is loaded (onnxruntime: when it is imported, by an import hook)."""
+    threads = existing[runtime.name]
+    variables = ", ".join(f"{var}={n}" for var in runtime.variables)
+    module = sys.modules.get(runtime.module) if runtime.module else None
+    if module is None:
+        if runtime.at_import and runtime.cap is not None:
+            runtimes.after_import(runtime.module, lambda m: runtime.cap(m, n))
+            return RuntimeLimit(runtime.name, AT_START, f"capped to {n} threads when it is imported (import hook)",
+                                threads)
+        return RuntimeLimit(runtime.name, AT_START, f"{variables} (read when it starts its pool)", threads)
+    if runtime.cap is None:
+        # Loaded, and no call changes its pool: the variables reach it only if it has not sized it yet.
+        how = f"{variables} (read when it sizes its pool; it is loaded)"
+        if threads or runtime.name == "polars":  # polars sizes its pool at import
+            return RuntimeLimit(runtime.name, RUNNING, how, threads, runtime.advice)
+        return RuntimeLimit(runtime.name, AT_START, how, threads)
+    capped = runtime.cap(module, n)
+    how = f"loaded, capped to {n} threads through its API" + (f"; {variables}" if variables else "")
+    if not capped or threads > n:
+        return RuntimeLimit(runtime.name, RUNNING, how, threads,
+                            "threads it started before the call may stay: " + runtime.advice)
+    return RuntimeLimit(runtime.name, CAPPED, how, threads)

@@ -19,7 +19,7 @@
 
 #include <spindle/error.hpp>
 
-namespace spindle {
+namespace spindle::detail {
 namespace {
 
 // Everything below is guarded by `mu`: leases are taken and dropped from any
@@ -229,4 +229,4 @@ void Arena::parallel_copy(void* dst, const void* src, std::size_t bytes) {
   parallel_for(bytes, kChunk, [&](std::size_t b, std::size_t e) { std::memcpy(d + b, s + b, e - b); });
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -10,6 +10,10 @@
 #include "loader_internal.hpp"
 
 namespace spindle {
+using detail::SlotState;
+using detail::Arena;
+using detail::SlotHeader;
+using detail::BatchRing;
 
 Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move(ring)), slot_(slot) {
   const BatchRing& r = ring_->ring;

@@ -5,7 +5,7 @@
 
 #include <spindle/error.hpp>
 
-namespace spindle {
+namespace spindle::detail {
 namespace {
 
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -60,4 +60,4 @@ BatchRing BatchRing::create(std::byte* mem, const RingGeometry& g) {
   return BatchRing(mem);
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -14,8 +14,6 @@
 // marked started. The table itself is budget_ledger_table.cpp's.
 namespace spindle {
 
-using namespace detail::ledger;
-
 BudgetPolicy parse_budget_policy(const std::string& name) {
   if (name == "shrink") return BudgetPolicy::kShrink;
   if (name == "wait") return BudgetPolicy::kWait;
@@ -32,6 +30,12 @@ const char* budget_policy_name(BudgetPolicy p) noexcept {
   }
   return "?";
 }
+
+}  // namespace spindle
+
+namespace spindle::detail {
+
+using namespace ledger;
 
 // ---------------------------------------------------------------- leases
 
@@ -249,4 +253,4 @@ int BudgetLedger::local_arena_threads() {
   return impl_->local_helpers();
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -17,8 +17,8 @@
 
 #include <spindle/procfs.hpp>
 
-namespace spindle {
-namespace detail::ledger {
+namespace spindle::detail {
+namespace ledger {
 namespace {
 
 void fresh(Table& t) {
@@ -76,9 +76,9 @@ uint64_t my_start_time() {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-}  // namespace detail::ledger
+}  // namespace ledger
 
-using namespace detail::ledger;
+using namespace ledger;
 
 std::optional<uint64_t> process_start_time(pid_t pid, const std::string& proc_root) {
   // Any failure to read it is "not that process": the record is reclaimed.
@@ -271,4 +271,4 @@ LedgerStatus BudgetLedger::status() {
   return s;
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

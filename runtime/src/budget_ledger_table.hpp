@@ -95,12 +95,12 @@ bool valid(const Table& t);
 
 }  // namespace spindle::detail::ledger
 
-namespace spindle {
+namespace spindle::detail {
 
 struct BudgetLedger::Impl {
-  using Local = detail::ledger::Local;
-  using Table = detail::ledger::Table;
-  using TableRecord = detail::ledger::TableRecord;
+  using Local = ledger::Local;
+  using Table = ledger::Table;
+  using TableRecord = ledger::TableRecord;
   // fn(table, pending of the other processes, our pid, our start time): true if it changed the table.
   using TableFn = std::function<bool(Table&, int64_t, pid_t, uint64_t)>;
 
@@ -180,4 +180,4 @@ struct BudgetLedger::Impl {
   bool with_table(const std::string& path, const TableFn& fn);
 };
 
-}  // namespace spindle
+}  // namespace spindle::detail

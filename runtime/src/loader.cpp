@@ -19,6 +19,19 @@
 #include "loader_internal.hpp"
 
 namespace spindle {
+using detail::SlotState;
+using detail::Arena;
+using detail::SlotHeader;
+using detail::RingGeometry;
+using detail::BatchRing;
+using detail::LedgerGrant;
+using detail::BudgetLedger;
+using detail::forked_workers;
+using detail::spawned_workers;
+using detail::zygote_workers;
+using detail::WorkerPool;
+using detail::kSlotExhausted;
+using detail::kSlotNewStream;
 
 Loader::Loader(const LoaderOptions& options, BatchPlan batches, Launcher launcher)
     : options_(options), batches_(std::move(batches)) {

@@ -18,8 +18,8 @@ namespace spindle {
 struct RingStorage {
   RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what)
       : segment(bytes, what, reserve), owner(getpid()) {}
-  ShmSegment segment;
-  BatchRing ring;
+  detail::ShmSegment segment;
+  detail::BatchRing ring;
   // The consumer process. A forked copy of the loader's objects (in a worker
   // of another loader, or a user's fork) must not act on the ring: freeing a
   // slot there would hand the consumer's slot back under its reader.
@@ -30,11 +30,11 @@ struct RingStorage {
 struct LoaderLeases {
   // Its share of the arena: plan_.arena_threads (+ the workers in threads
   // mode); given back by close().
-  ArenaLease arena;
+  detail::ArenaLease arena;
   // This loader's share of the node's budget: pending until the workers are
   // started, then only the arena threads; given back by close(), once the
   // workers are reaped.
-  LedgerLease ledger;
+  detail::LedgerLease ledger;
 };
 
 }  // namespace spindle

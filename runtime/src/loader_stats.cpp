@@ -22,6 +22,9 @@
 #include "loader_internal.hpp"
 
 namespace spindle {
+using detail::SlotState;
+using detail::WorkerRecord;
+using detail::BatchRing;
 
 void WaitHistogram::add(uint64_t ns) noexcept {
   ++n;

@@ -19,6 +19,9 @@
 #include "loader_internal.hpp"
 
 namespace spindle {
+using detail::SlotState;
+using detail::WorkerRecord;
+using detail::BatchRing;
 namespace {
 
 constexpr auto kSupervisePeriod = std::chrono::milliseconds(50);

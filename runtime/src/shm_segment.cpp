@@ -18,7 +18,7 @@
 
 namespace bip = boost::interprocess;
 
-namespace spindle {
+namespace spindle::detail {
 namespace {
 
 std::atomic<unsigned> g_counter{0};
@@ -153,4 +153,4 @@ SegmentView::~SegmentView() {
   if (fd_ >= 0) close(fd_);
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -20,6 +20,17 @@
 #include <spindle/detail/shm_segment.hpp>
 
 namespace spindle {
+using detail::SlotState;
+using detail::SlotHeader;
+using detail::WorkerRecord;
+using detail::RingHeader;
+using detail::BatchRing;
+using detail::IndexQueue;
+using detail::copy_into_ring;
+using detail::ring_copy_fence;
+using detail::ShmSegment;
+using detail::kSlotExhausted;
+using detail::kSlotNewStream;
 namespace {
 #ifdef MADV_POPULATE_WRITE
 constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;

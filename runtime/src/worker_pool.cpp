@@ -28,6 +28,18 @@
 extern "C" char** environ;
 
 namespace spindle {
+
+std::string WorkerExit::describe() const {
+  if (signaled) {
+    const char* name = strsignal(code);
+    return "was killed by signal " + std::to_string(code) + " (" + (name ? name : "?") + ")";
+  }
+  return "exited with code " + std::to_string(code);
+}
+
+}  // namespace spindle
+
+namespace spindle::detail {
 namespace {
 
 #ifndef P_PIDFD
@@ -71,13 +83,6 @@ int wait_status(const siginfo_t& info) noexcept {
 
 }  // namespace
 
-std::string WorkerExit::describe() const {
-  if (signaled) {
-    const char* name = strsignal(code);
-    return "was killed by signal " + std::to_string(code) + " (" + (name ? name : "?") + ")";
-  }
-  return "exited with code " + std::to_string(code);
-}
 
 // ---------------------------------------------------------------- our children
 
@@ -400,4 +405,4 @@ void WorkerPool::shutdown(std::chrono::milliseconds grace) noexcept {
   reap_all(std::chrono::steady_clock::now() + std::chrono::seconds(2));
 }
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -22,6 +22,9 @@
 #include "test_support.hpp"
 
 namespace spindle {
+using detail::ArenaLease;
+using detail::Arena;
+using detail::BudgetLedger;
 namespace {
 
 using namespace std::chrono_literals;

@@ -21,6 +21,14 @@
 #include "test_support.hpp"
 
 namespace spindle {
+using detail::SlotState;
+using detail::SlotHeader;
+using detail::WorkerRecord;
+using detail::RingGeometry;
+using detail::RingHeader;
+using detail::BatchRing;
+using detail::IndexQueue;
+using detail::kCacheLine;
 namespace {
 
 using spindle::testing::SharedMapping;

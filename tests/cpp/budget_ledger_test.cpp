@@ -24,6 +24,10 @@
 #include <gtest/gtest.h>
 
 namespace spindle {
+using detail::LedgerLease;
+using detail::LedgerGrant;
+using detail::BudgetLedger;
+using detail::process_start_time;
 namespace {
 
 using namespace std::chrono_literals;

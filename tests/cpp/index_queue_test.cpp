@@ -26,6 +26,8 @@
 #include "test_support.hpp"
 
 namespace spindle {
+using detail::IndexQueue;
+using detail::kCacheLine;
 namespace {
 
 using spindle::testing::SharedMapping;

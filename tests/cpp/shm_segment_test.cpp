@@ -22,6 +22,7 @@
 #include "test_support.hpp"
 
 namespace spindle {
+using detail::ShmSegment;
 namespace {
 
 using spindle::testing::spindle_shm_names;

@@ -30,6 +30,13 @@
 #include "test_support.hpp"
 
 namespace spindle {
+using detail::RingGeometry;
+using detail::BatchRing;
+using detail::ShmSegment;
+using detail::forked_workers;
+using detail::spawned_workers;
+using detail::zygote_workers;
+using detail::WorkerPool;
 namespace {
 
 using namespace std::chrono_literals;

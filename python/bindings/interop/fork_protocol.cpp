@@ -14,6 +14,7 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+using spindle::detail::BudgetLedger;
 namespace {
 
 // A failed flush (a closed or broken stream) is the parent's to meet at its

@@ -14,6 +14,8 @@
 namespace py = pybind11;
 
 namespace spindle::python {
+using spindle::detail::copy_into_ring;
+using spindle::detail::ring_copy_fence;
 namespace {
 
 // A batch written sample by sample as a worker reads it (read_rows,

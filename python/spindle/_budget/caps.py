@@ -30,49 +30,24 @@ import time
 import warnings
 from typing import Any, Callable, Iterator
 
+from . import runtimes
+
 try:
     import threadpoolctl  # imported here, in the consumer, so that forked workers find it loaded
 except ImportError:  # a declared dependency; without it loaded pools stay uncapped, and the watchdog says why
     threadpoolctl = None
 
-# Read by each runtime when its pool starts; a worker is one thread.
-_ONE_THREAD_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "VECLIB_MAXIMUM_THREADS": "1",
-    "NUMEXPR_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-    "JAX_PLATFORMS": "cpu",  # workers never touch an accelerator
-}
-_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-
 def one_thread_environment() -> dict[str, str]:
-    """The environment variables that make runtimes start single-threaded pools."""
-    env = dict(_ONE_THREAD_ENV)
-    flags = os.environ.get("XLA_FLAGS", "")
-    env["XLA_FLAGS"] = flags if "xla_cpu_multi_thread_eigen" in flags else (flags + " " + _XLA_FLAGS).strip()
-    return env
+    """The environment variables that make runtimes start single-threaded pools (the runtime table's)."""
+    return runtimes.worker_environment()
 
 
 def cap_worker_pools() -> None:
-    """Caps thread pools in this (worker) process before user code runs."""
+    """Caps thread pools in this (worker) process before user code runs: the variables for runtimes
+    not started yet, and each loaded runtime's own cap call (torch, Arrow, numba; onnxruntime when it
+    is imported), for those loaded in the consumer before the fork."""
     os.environ.update(one_thread_environment())
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:
-            pass  # already used in the consumer; its inter-op pool starts lazily, on demand only
-    pyarrow = sys.modules.get("pyarrow")
-    if pyarrow is not None:
-        # Arrow's pools (a Hugging Face datasets.Dataset reads through them) start threads on
-        # demand, up to the CPU count; one is the least Arrow takes (see ThreadWatchdog).
-        pyarrow.set_cpu_count(1)
-        pyarrow.set_io_thread_count(1)
+    runtimes.cap_worker_runtimes()
     cap_loaded_pools()
 
 
@@ -237,16 +212,9 @@ _NO_THREADPOOLCTL = (
     "not capped in workers, and a worker's first matrix product starts one: pip install threadpoolctl.")
 
 
-# Threads a library starts once in a process, for itself, that no cap a user knows of changes:
-# Arrow's bundled jemalloc purges freed memory in a background thread of this name, started in a
-# worker where Arrow allocates (a Hugging Face dataset, pyarrow loaded by dataset code). One
-# of each is not counted against a worker's lease; more are (an allocator's thread per arena).
-_HOUSEKEEPING_THREADS = ("jemalloc_bg_thd",)
-
-
 def _housekeeping(names: list[str]) -> int:
     """How many of a process's threads (`names`, its own first) are housekeeping threads, one of each name."""
-    return sum(1 for name in _HOUSEKEEPING_THREADS if name in names[1:])
+    return sum(1 for name in runtimes.HOUSEKEEPING_THREADS if name in names[1:])
 
 
 class ThreadWatchdog:

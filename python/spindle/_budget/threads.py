@@ -36,39 +36,20 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import errno
 import os
 import re
 import time
 
-# Libraries that run every thread's first and last frames; never the answer.
-_SYSTEM_LIBS = re.compile(r"^(libc|libpthread|ld-linux|libstdc\+\+|libgcc_s|libm|libdl|librt)[.-]")
+from .runtimes import LIBRARY_PATTERNS, NAME_PATTERNS, SYSTEM_LIBRARIES
 
-# (runtime, pattern on a mapped library's file name). First match wins.
-_LIBRARY_RUNTIMES: list[tuple[str, re.Pattern[str]]] = [
-    ("OpenBLAS", re.compile(r"openblas", re.I)),
-    ("OpenMP", re.compile(r"^(libgomp|libiomp5|libomp)[.-]")),
-    ("MKL", re.compile(r"^libmkl_")),
-    ("BLIS", re.compile(r"^libblis")),
-    ("JAX/XLA", re.compile(r"^(libjax_common|_jax|_xla|xla_extension)[.-]|pjrt", re.I)),
-    ("TensorFlow", re.compile(r"tensorflow|^_pywrap_tf", re.I)),
-    ("torch", re.compile(r"^(libtorch|libc10|libshm|_C\.cpython)")),
-    ("TBB", re.compile(r"^libtbb")),
-    ("spindle", re.compile(r"^_core\.cpython")),
-    ("Python threads", re.compile(r"^(python\d|libpython\d)")),
-]
-
-# (runtime, pattern on a thread name). Thread names are cut to 15 characters,
-# and a runtime's longer names are refused by the kernel (the thread then
-# keeps the process's name): XLA's pools named tf_XLAPjRtCpuClient and
-# tf_PjRtCompilerThreadPool come out unnamed.
-_NAME_RUNTIMES: list[tuple[str, re.Pattern[str]]] = [
-    ("XLA", re.compile(r"^tf_XLA|^XLA|^pjrt", re.I)),
-    ("TensorFlow", re.compile(r"^tf_")),
-    ("torch", re.compile(r"^pt_")),
-    ("OpenMP", re.compile(r"^(omp_|gomp)")),
-    ("grain", re.compile(r"^grain")),
-    ("spindle", re.compile(r"^spindle")),
-]
+# The runtime table's patterns: (runtime, pattern on a mapped library's file name) and (runtime,
+# pattern on a thread name); the first match wins. Thread names are cut to 15 characters, and a
+# runtime's longer names are refused by the kernel (the thread then keeps the process's name):
+# XLA's pools named tf_XLAPjRtCpuClient and tf_PjRtCompilerThreadPool come out unnamed.
+_SYSTEM_LIBS = SYSTEM_LIBRARIES
+_LIBRARY_RUNTIMES = LIBRARY_PATTERNS
+_NAME_RUNTIMES = NAME_PATTERNS
 
 
 RUNNING = "it was running when looked at"  # no stack pointer to read its stack from
@@ -92,25 +73,22 @@ class _Mapping:
     path: str
 
 
-def _read(path: str) -> str | None:
+def _maps(pid: int) -> list[tuple[int, int, str, str]] | None:
+    """(start, end, perms, path) of every mapping of `pid` (the core's procfs); None: gone or unreadable."""
+    from .. import _core
+
     try:
-        with open(path) as f:
-            return f.read()
+        return _core.process_maps(pid)
     except OSError:
         return None
 
 
 def mapped_libraries(pid: int) -> list[str] | None:
     """File names of the shared objects and executables mapped by `pid` (None: unreadable)."""
-    text = _read(f"/proc/{pid}/maps")
-    if text is None:
+    maps = _maps(pid)
+    if maps is None:
         return None
-    names = set()
-    for line in text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith("/"):
-            names.add(os.path.basename(parts[5]))
-    return sorted(names)
+    return sorted({os.path.basename(path) for _, _, _, path in maps if path.startswith("/")})
 
 
 def name_prefix(name: str) -> str:
@@ -142,38 +120,29 @@ def _name_runtime(name: str) -> str | None:
 
 
 class _StackReader:
-    """Reads thread stacks of one process; one open of /proc/<pid>/mem."""
+    """Reads thread stacks of one process through the core's procfs (its maps, each thread's
+    stack pointer, and its memory)."""
 
     _MAX_STACK = 512 * 1024  # the outermost frames are at the top; more is never needed
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.error: str | None = None
-        self._mem = None
         self._exec: list[_Mapping] = []
         self._all: list[_Mapping] = []
-        text = _read(f"/proc/{pid}/maps")
-        if text is None:
+        maps = _maps(pid)
+        if maps is None:
             self.error = "its /proc/<pid>/maps is unreadable"
             return
-        for line in text.splitlines():
-            parts = line.split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            path = parts[5] if len(parts) == 6 else ""
-            m = _Mapping(lo, hi, path)
-            self._all.append(m)
-            if "x" in parts[1] and path.startswith("/"):
+        for lo, hi, perms, path in maps:
+            self._all.append(_Mapping(lo, hi, path))
+            if "x" in perms and path.startswith("/"):
                 self._exec.append(_Mapping(lo, hi, os.path.basename(path)))
         self._exec.sort(key=lambda m: m.lo)
         self._starts = [m.lo for m in self._exec]
-        try:
-            self._mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
-        except OSError as e:
-            self.error = f"no ptrace access to read its stacks ({e.strerror})"
 
     def close(self) -> None:
-        if self._mem is not None:
-            self._mem.close()
+        pass  # the core opens /proc/<pid>/mem per read
 
     def _library_at(self, address: int) -> str | None:
         i = bisect.bisect_right(self._starts, address) - 1
@@ -183,24 +152,31 @@ class _StackReader:
 
     def outermost_library(self, tid: int) -> tuple[str | None, str]:
         """(the outermost non-system library on the thread's stack, or None; why not)."""
-        if self._mem is None:
-            return None, self.error or "stack unreadable"
-        syscall = _read(f"/proc/{self.pid}/task/{tid}/syscall")
-        if syscall is None:
+        from .. import _core
+
+        if self.error is not None:
+            return None, self.error
+        try:
+            sp = _core.thread_stack_pointer(self.pid, tid)
+        except OSError:
             return None, "no ptrace access to its /proc/<pid>/task/<tid>/syscall"
-        fields = syscall.split()
-        if len(fields) < 3:  # "running": on a CPU now, no saved stack pointer
+        if sp is None:
+            return None, "it exited while looked at"
+        if sp == "running":  # on a CPU now, no saved stack pointer
             return None, RUNNING
-        sp = int(fields[-2], 16)
         top = next((m.hi for m in self._all if m.lo <= sp < m.hi), None)
         if top is None:
             return None, "its stack pointer is in no mapping"
         start = max(sp, top - self._MAX_STACK)
         try:
-            self._mem.seek(start)
-            data = self._mem.read(top - start)
+            data = _core.read_process_memory(self.pid, start, top - start)
         except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                self.error = f"no ptrace access to read its stacks ({e.strerror})"
+                return None, self.error
             return None, f"its stack is unreadable ({e.strerror})"
+        if data is None:
+            return None, "it exited while looked at"
         outermost = None
         for word in memoryview(data).cast("Q") if len(data) % 8 == 0 else ():
             lib = self._library_at(word)

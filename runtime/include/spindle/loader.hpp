@@ -100,8 +100,10 @@ struct LoaderOptions {
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
 struct LoaderLeases;  // the loader's shares of the arena and of the node's budget
+namespace detail {
 class WorkerPool;
 class ArenaJobs;
+}  // namespace detail
 
 // A delivered batch: a lease on a ring slot (or, if copied out, its own
 // buffer). The slot returns to the ring when the Batch is destroyed, even if
@@ -274,8 +276,8 @@ class Loader {
   std::string budget_note_;
   BatchPlan batches_;
   std::shared_ptr<RingStorage> ring_;
-  std::unique_ptr<WorkerPool> pool_;      // worker processes, or
-  std::unique_ptr<ArenaJobs> threads_;    // worker threads (Launcher::threads)
+  std::unique_ptr<detail::WorkerPool> pool_;      // worker processes, or
+  std::unique_ptr<detail::ArenaJobs> threads_;    // worker threads (Launcher::threads)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream

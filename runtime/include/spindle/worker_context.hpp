@@ -39,14 +39,14 @@ class WorkerContext {
   // `parent`: the process whose death means this worker must exit (the
   // consumer, or the zygote that forked it). `segment_fd`: the segment, so
   // slots can grow (-1: they cannot; batches must fit what is reserved).
-  WorkerContext(BatchRing ring, int worker_id, pid_t parent, int segment_fd = -1);
+  WorkerContext(detail::BatchRing ring, int worker_id, pid_t parent, int segment_fd = -1);
   int worker_id() const noexcept { return worker_id_; }
   int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
   // The workers the data is defined by (LoaderOptions::logical_workers): at
   // least num_workers(); this process serves logical workers l with
   // l mod num_workers() == worker_id() (WorkItem::stream says which).
   int logical_workers() const noexcept {
-    const RingGeometry& g = ring_.geometry();
+    const detail::RingGeometry& g = ring_.geometry();
     return static_cast<int>(g.logical_workers > g.num_workers ? g.logical_workers : g.num_workers);
   }
 
@@ -98,11 +98,11 @@ class WorkerContext {
   void fail(const WorkItem& item, std::string_view report, FailureKind kind = FailureKind::kOther,
             std::string_view path = {}, std::string_view key = {}) noexcept;
   static constexpr std::size_t kMaxFailurePathBytes = 4096;
-  const BatchRing& ring() const noexcept { return ring_; }
+  const detail::BatchRing& ring() const noexcept { return ring_; }
 
  private:
-  void finish(const WorkItem& item, SlotState st) noexcept;
-  BatchRing ring_;
+  void finish(const WorkItem& item, detail::SlotState st) noexcept;
+  detail::BatchRing ring_;
   int worker_id_;
   pid_t parent_;
   int segment_fd_;

@@ -32,7 +32,7 @@
 #include <functional>
 #include <memory>
 
-namespace spindle {
+namespace spindle::detail {
 
 class Arena;
 
@@ -112,4 +112,4 @@ class Arena {
   void release(const ArenaLease& lease) noexcept;
 };
 
-}  // namespace spindle
+}  // namespace spindle::detail

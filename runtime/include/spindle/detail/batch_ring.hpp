@@ -53,7 +53,7 @@
 #include <spindle/detail/index_queue.hpp>
 #include <spindle/slot_layout.hpp>
 
-namespace spindle {
+namespace spindle::detail {
 
 enum class SlotState : uint32_t {
   kFree = 0,     // owned by the consumer, not in use
@@ -228,4 +228,4 @@ class BatchRing {
   std::byte* base_ = nullptr;
 };
 
-}  // namespace spindle
+}  // namespace spindle::detail

@@ -32,7 +32,7 @@
 
 #include <spindle/detail/futex.hpp>
 
-namespace spindle {
+namespace spindle::detail {
 
 inline constexpr std::size_t kCacheLine = 64;
 
@@ -116,4 +116,4 @@ class IndexQueue {
 static_assert(sizeof(IndexQueue) % kCacheLine == 0);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-}  // namespace spindle
+}  // namespace spindle::detail

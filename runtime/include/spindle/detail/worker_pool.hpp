@@ -38,8 +38,10 @@
 #include <spindle/launcher.hpp>
 
 namespace spindle {
+class Zygote;  // public: spindle/zygote.hpp
+}  // namespace spindle
 
-class Zygote;
+namespace spindle::detail {
 
 // How a pool's workers are started, reaped and killed.
 class WorkerProcesses {
@@ -101,4 +103,4 @@ class WorkerPool {
   std::vector<std::optional<WorkerExit>> exits_;  // per worker, set when reaped
 };
 
-}  // namespace spindle
+}  // namespace spindle::detail
