@@ -122,3 +122,71 @@ def test_every_public_name_in_the_api_reference_has_a_docstring():
         for sub in doc.submodules:
             walk(sub)
     assert not missing, "public names without a docstring:\n" + "\n".join(missing)
+
+
+def _report_docs():
+    spec = importlib.util.spec_from_file_location("report_docs", ROOT / "bench" / "report_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_tables_are_rendered_from_the_results_json():
+    """Proves: every generated table of docs/benchmarks.md is what bench/report_docs.py renders from
+    bench/results/*.json now (run `python bench/report_docs.py` after a new result)."""
+    report = _report_docs()
+    page = report.PAGE.read_text()
+    assert report.render(page) == page, "docs/benchmarks.md is out of date: run python bench/report_docs.py"
+
+
+def test_the_benchmark_check_catches_an_edited_figure():
+    """Proves: a figure changed by hand inside a generated part is seen as out of date."""
+    report = _report_docs()
+    page = report.PAGE.read_text()
+    edited = page.replace("| spindle | 2 | ", "| spindle | 2 | 9", 1)
+    assert edited != page
+    assert report.render(edited) != edited
+
+
+# The module tree of docs/architecture.md: the fenced block after "python/spindle/", where a line
+# whose first word ends in "/" opens a package, and the *.py names on it and on the lines indented
+# deeper belong to it (its __init__.py too); *.py names on a line at the package's depth or
+# shallower are top-level.
+def tree_modules(page: str) -> set:
+    block = page.split("python/spindle/", 1)[1].split("```", 1)[0]
+    found, package, depth = set(), None, -1
+    for line in block.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if words[0].endswith("/"):
+            package, depth = words[0], indent
+            found.add(package + "__init__.py")  # naming the package names its __init__
+        elif indent <= depth:
+            package, depth = None, -1
+        for word in words:
+            for name in re.findall(r"[\w]+\.py\b", word):
+                found.add((package or "") + name)
+    return found
+
+
+def package_modules() -> set:
+    base = ROOT / "python" / "spindle"
+    return {p.relative_to(base).as_posix() for p in base.rglob("*.py")}
+
+
+def test_the_architecture_tree_lists_every_module_of_the_package():
+    """Proves: each module of python/spindle is named in docs/architecture.md's tree, in its package."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = package_modules() - tree_modules(page)
+    assert not missing, "modules missing from docs/architecture.md's tree:\n" + "\n".join(sorted(missing))
+
+
+def test_the_tree_check_finds_a_module_left_out():
+    """Proves: a tree with one module's name removed lacks exactly that module."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    tree = tree_modules(page)
+    assert "_state/elastic.py" in tree
+    cut = page.replace(" elastic.py", "", 1)
+    assert tree - tree_modules(cut) == {"_state/elastic.py"}
