@@ -186,19 +186,6 @@ def transport() -> str:
                         table(["peer", "loader", "samples/s (median)", "steady", "first batch"], rows))
 
 
-def threads() -> str:
-    d = load("threads.json")
-    rows = []
-    for case, runs in (("as root", d["as_root"]), (f"uid 65534, ulimit -u {d['under_ulimit']['spindle']['ulimit_u']}",
-                                                   d["under_ulimit"])):
-        for loader, r in runs.items():
-            peak = r.get("peak_tree_threads_in_loop", "—") if r["outcome"] == "completed" else "—"
-            rows.append([case, loader, r["outcome"] + (f": `{r['error']}`" if r.get("error") else ""), peak,
-                         r.get("uid_tasks_peak_sampled", "—")])
-    return with_command("python bench/python/thread_bench.py", d["machine"],
-                        table(["run", "loader", "outcome", "peak threads of the tree", "peak tasks of the uid"], rows))
-
-
 def grain_jax() -> str:
     d = load("grain.json")
     rows = []
@@ -252,7 +239,6 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "dropin": dropin,
     "first-batch": first_batch,
     "transport": transport,
-    "threads": threads,
     "grain-jax": grain_jax,
     "native": native("native.json"),
     "native-jitter": native("native-jitter.json"),
