@@ -78,18 +78,27 @@ def with_command(cmd: str, m: dict[str, Any] | None, body: str, keys: tuple[str,
 
 # --- one function per question -------------------------------------------------------------
 
-BENCH_COLUMNS = ["loader", "workers", "samples/s (median)", "steady/s", "first batch", "peak threads",
-                 "processes", "PSS MiB", "CPU-s / 1k samples"]
-
-
-def spindle_bench(workload: str, workers: tuple[int, ...] = (2, 16)) -> Callable[[], str]:
+def spindle_bench(workload: str) -> Callable[[], str]:
+    """One row per loader, at 2 and at 16 workers side by side (every count: bench.md)."""
     def render() -> str:
         d = load("spindle-bench/bench.json")
-        rows = [[r["loader"], r["workers"], rate(r["samples_per_s"]), rate(r["steady_samples_per_s"]), f"{r['first_batch_s']:.2f} s", r["peak_threads"],
-                 r["peak_processes"], f"{r['peak_pss_mib']:.0f}", f"{r['cpu_s_per_1000']:.3f}"]
-                for r in d["results"] if r["workload"] == workload and r["workers"] in workers]
-        rows.sort(key=lambda row: row[1])
-        body = table(BENCH_COLUMNS, rows)
+        at: dict[str, dict[int, dict[str, Any]]] = {}
+        for r in d["results"]:
+            if r["workload"] == workload and r["workers"] in (2, 16):
+                at.setdefault(r["loader"], {})[r["workers"]] = r
+
+        def cell(loader: str, workers: int, key: str, fmt: Callable[[Any], str]) -> str:
+            r = at[loader].get(workers)
+            return fmt(r[key]) if r else "—"
+
+        rows = [[loader] + [cell(loader, w, key, fmt) for key, fmt in (
+            ("samples_per_s", rate), ("steady_samples_per_s", rate), ("first_batch_s", lambda x: f"{x:.2f}"),
+            ("peak_threads", str), ("peak_pss_mib", lambda x: f"{x:.0f}"), ("cpu_s_per_1000", lambda x: f"{x:.3f}"))
+            for w in (2, 16)] for loader in at]
+        # key by key, each at 2 then at 16 workers ("@2", "@16"), as the cells above run
+        header = ["loader"] + [f"{name}@{w}" for name in ("samples/s", "steady/s", "first-batch-s", "threads",
+                                                         "PSS-MiB", "CPU-s/1k") for w in (2, 16)]
+        body = table(header, rows)
         if workload == "arrays":
             return with_command(d["command"], d["machine"], body,
                                 ("numpy", "torch", "torchdata", "grain", "jax", "PIL"))
@@ -231,7 +240,7 @@ def soak() -> str:
 
 SECTIONS: dict[str, Callable[[], str]] = {
     "spindle-bench-arrays": spindle_bench("arrays"),
-    "spindle-bench-jpeg-pil": spindle_bench("jpeg-pil", (2,)),
+    "spindle-bench-jpeg-pil": spindle_bench("jpeg-pil"),
     "spindle-bench-jpeg-native": spindle_bench("jpeg-native"),
     "spindle-bench-ulimit": spindle_bench_ulimit,
     "dropin": dropin,
