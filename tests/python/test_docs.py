@@ -124,6 +124,13 @@ def test_every_public_name_in_the_api_reference_has_a_docstring():
     assert not missing, "public names without a docstring:\n" + "\n".join(missing)
 
 
+def test_every_docs_page_states_the_question_it_answers():
+    """Proves: each page of docs/ opens (within its first lines) with the one question it answers."""
+    missing = [page.name for page in PAGES[1:]
+               if not any(line.startswith("**Question:") for line in page.read_text().splitlines()[:6])]
+    assert not missing, "pages without a **Question:** line at the top: " + ", ".join(missing)
+
+
 def _report_docs():
     spec = importlib.util.spec_from_file_location("report_docs", ROOT / "bench" / "report_docs.py")
     module = importlib.util.module_from_spec(spec)
