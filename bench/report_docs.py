@@ -146,7 +146,9 @@ def native(name: str) -> Callable[[], str]:
         body = table(["loader", "images/s", "vs torch+PIL", "of the limit", "peak threads"], rows)
         body += (f"\n\nWorkload: {d['workload']}. Limit: 2 × one arena thread's rate of the same fused "
                  f"work ({rate(d['one_thread_rate'])}/s).")
-        return with_command(d["command"], d["machine"], body, ("torch", "torchvision", "tensorflow", "spdl", "PIL"))
+        # the results file the command names is the one this table reads
+        cmd = re.sub(r"--out [\w-]+\b", f"--out {Path(name).stem}", d["command"])
+        return with_command(cmd, d["machine"], body, ("torch", "torchvision", "tensorflow", "spdl", "PIL"))
     return render
 
 
