@@ -89,6 +89,26 @@ def test_the_docs_relative_links_reach_files():
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    return {re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            for m in re.finditer(r"^#+ (.*)$", page.read_text(), re.M)}
+
+
+def test_the_docs_links_to_a_section_name_a_heading_of_that_page():
+    """Proves: every `page.md#section` link of README and docs/ names a heading the page has."""
+    broken = []
+    for page in PAGES:
+        for target, anchor in ANCHOR_LINK.findall(page.read_text()):
+            linked = (page.parent / target) if target else page
+            if linked.suffix == ".md" and linked.exists() and anchor not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, "links to missing sections:\n" + "\n".join(broken)
+
+
 def _api_reference():
     spec = importlib.util.spec_from_file_location("api_reference", ROOT / "docs" / "api_reference.py")
     module = importlib.util.module_from_spec(spec)
