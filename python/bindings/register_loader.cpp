@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <spindle/loader.hpp>
+#include <spindle/payload_parts.hpp>
 
 #include "interop/convert.hpp"
 #include "interop/fork_protocol.hpp"
@@ -135,6 +136,9 @@ void register_loader(py::module_& m) {
                      "Streams: batch k is asked of worker k mod N until every worker's stream ends.")
       .def_readwrite("assign_in_turn", &LoaderOptions::assign_in_turn,
                      "Planned batches: batch k always goes to worker k mod N (as torch assigns them).")
+      .def_readwrite("fed", &LoaderOptions::fed,
+                     "Planned batches fed as the consumer draws them (Loader.feed, Loader.end_feed), as torch's "
+                     "iterator draws its sampler.")
       .def_readwrite("first_worker", &LoaderOptions::first_worker, "Round-robin: the worker asked for batch 0.")
       .def_property(
           "budget_policy", [](const LoaderOptions& o) { return std::string(budget_policy_name(o.budget_policy)); },
@@ -189,6 +193,17 @@ void register_loader(py::module_& m) {
                               b.data().data(), self);
            },
            "The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).")
+      .def("parts",
+           [](py::object self) {
+             Batch& b = self.cast<Batch&>();
+             if (b.kind() != PayloadKind::kBytes) throw py::value_error("spindle: this batch holds no parts");
+             py::list out;
+             for (const auto& p : read_parts(b.data()))
+               out.append(py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(p.size())}, {1}, p.data(), self));
+             return out;
+           },
+           "A 'bytes' batch written as parts (WorkerContext.begin_parts): one uint8 array per part, viewing "
+           "the slot (they keep it reserved).")
       .def_property_readonly("copied_out", &Batch::copied_out);
 
   py::class_<Loader, std::unique_ptr<Loader, CloseWithoutGil>>(m, "Loader")
@@ -228,6 +243,17 @@ void register_loader(py::module_& m) {
              l.reset(std::move(plan));
            },
            py::kw_only(), py::arg("order"), py::arg("drop_last") = false, py::arg("starts") = py::none())
+      .def("feed",
+           [](Loader& l, const py::buffer& order, const py::object& starts) {
+             BatchPlan plan = plan_from(order, l.batch_capacity(), false, starts);
+             py::gil_scoped_release release;
+             l.feed(std::move(plan));
+           },
+           py::kw_only(), py::arg("order"), py::arg("starts") = py::none(),
+           "Fed loaders: more batches of this epoch, after those fed so far (`order` cut where `starts` "
+           "says, or into batches of batch_capacity).")
+      .def("end_feed", &Loader::end_feed, py::call_guard<py::gil_scoped_release>(),
+           "Fed loaders: no more batches this epoch; next() returns None once those fed are delivered.")
       .def("reset_streams",
            [](Loader& l, int first_worker, std::optional<std::vector<py::bytes>> messages) {
              std::vector<std::string> m;

@@ -73,38 +73,26 @@ void register_pipeline(py::module_& m) {
 
   m.def(
       "pipeline_loader",
-      [](std::shared_ptr<const Pipeline> pipe, const py::buffer& order, uint32_t batch_size, bool drop_last,
-         int num_workers, bool threads, uint64_t seed, uint64_t epoch, int prefetch_factor, double timeout,
-         std::optional<int64_t> max_threads) {
-        std::vector<int64_t> indices = int64_vector(order, "order");
-        const bool stream = pipe->streaming();
-        BatchPlan plan = stream ? BatchPlan::chunked({}, batch_size, false)
-                                : BatchPlan::chunked(std::move(indices), batch_size, drop_last);
-        LoaderOptions o;
-        o.round_robin = stream;  // a stream: batch k from worker k mod N, until every worker's shards end
-        o.num_workers = num_workers;
-        o.batch_capacity = batch_size;
-        o.slot_bytes = pipe->layout(batch_size).bytes();  // every batch has this size: reserve it up front
-        o.prefetch_factor = prefetch_factor;
-        o.timeout = timeout_ms(timeout);
-        o.max_threads = max_threads;
+      [](std::shared_ptr<const Pipeline> pipe, const LoaderOptions& options, const py::buffer& order, bool drop_last,
+         bool threads, uint64_t seed, uint64_t epoch) {
+        PipelineEpoch e{int64_vector(order, "order"), seed, epoch, drop_last};
+        LoaderOptions o = options;
         o.on_stall = stall_warning();
-        if (pipe->options().on_error == PipelineOptions::OnError::kSkip)  // the loader enforces it (loader.hpp)
-          o.max_skip_ratio = pipe->options().max_skip_ratio;
-        WorkerMain body = stream ? pipeline_stream_worker(pipe, seed, epoch) : pipeline_worker(pipe, seed, epoch);
         if (threads) {
           py::gil_scoped_release release;  // nothing forks: the workers are C++ on arena threads
-          return std::make_unique<Loader>(o, std::move(plan), Launcher::threads(std::move(body)));
+          return make_pipeline_loader(std::move(pipe), std::move(e), std::move(o), PipelineMode::kThreads);
         }
         // Forked from Python: the interpreter's fork protocol (the GIL stays held); the
         // child runs only C++.
-        return std::make_unique<Loader>(o, std::move(plan), Launcher::fork(std::move(body), interpreter_fork_hooks()));
+        o.budget_poll = budget_poll();
+        return make_pipeline_loader(std::move(pipe), std::move(e), std::move(o), PipelineMode::kProcesses,
+                                    interpreter_fork_hooks());
       },
-      py::kw_only(), py::arg("pipeline"), py::arg("order"), py::arg("batch_size"), py::arg("drop_last") = false,
-      py::arg("num_workers"), py::arg("threads") = false, py::arg("seed"), py::arg("epoch"),
-      py::arg("prefetch_factor") = 2, py::arg("timeout") = 0.0, py::arg("max_threads") = py::none(),
+      py::arg("pipeline"), py::arg("options"), py::kw_only(), py::arg("order"), py::arg("drop_last") = false,
+      py::arg("threads") = false, py::arg("seed"), py::arg("epoch"),
       "A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the "
-      "pipeline over `order` in batches.");
+      "pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline "
+      "sets round_robin, slot_bytes and max_skip_ratio).");
 }
 
 }  // namespace spindle::python

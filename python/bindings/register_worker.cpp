@@ -10,6 +10,7 @@
 
 #include <spindle/detail/batch_ring.hpp>
 #include <spindle/loader.hpp>
+#include <spindle/payload_parts.hpp>
 #include <spindle/worker_context.hpp>
 
 #include "interop/convert.hpp"
@@ -125,6 +126,22 @@ void register_worker(py::module_& m) {
              ctx.put_bytes(item, bytes);
            },
            py::arg("item"), py::arg("data"), "Stores one byte string (e.g. a pickled batch) as the item's payload.")
+      .def("begin_parts",
+           [](py::object self, WorkItem& item, const std::vector<uint64_t>& sizes) {
+             WorkerContext& ctx = self.cast<WorkerContext&>();
+             std::vector<std::span<std::byte>> parts;
+             {
+               py::gil_scoped_release release;  // may reserve memory (fallocate)
+               parts = begin_parts(ctx, item, sizes);
+             }
+             py::list out;
+             for (const auto& p : parts)
+               out.append(py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(p.size())}, {1}, p.data(), self));
+             return out;
+           },
+           py::arg("item"), py::arg("sizes"),
+           "Lays out the item's slot for parts of these sizes (a pickle stream and its out-of-band buffers, "
+           "payload_parts.hpp) and returns one uint8 array per part, viewing the slot: fill them, then commit.")
       .def("sample_record",
            [](py::object self) {
              WorkerContext& ctx = self.cast<WorkerContext&>();

@@ -212,6 +212,10 @@ class WorkerContext:
         """
         Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity array per field, viewing the slot: write rows 0..count-1, then commit.
         """
+    def begin_parts(self, item: WorkItem, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> list:
+        """
+        Lays out the item's slot for parts of these sizes (a pickle stream and its out-of-band buffers, payload_parts.hpp) and returns one uint8 array per part, viewing the slot: fill them, then commit.
+        """
     def claim(self) -> WorkItem | None:
         ...
     @typing.overload
@@ -337,6 +341,14 @@ class LoaderOptions:
     def budget_policy(self, arg1: str) -> None:
         ...
     @property
+    def fed(self) -> bool:
+        """
+        Planned batches fed as the consumer draws them (Loader.feed, Loader.end_feed), as torch's iterator draws its sampler.
+        """
+    @fed.setter
+    def fed(self, arg0: bool) -> None:
+        ...
+    @property
     def first_worker(self) -> int:
         """
         Round-robin: the worker asked for batch 0.
@@ -442,6 +454,10 @@ class Batch:
         """
         The payload in use as a uint8 array viewing the slot (a 'bytes' batch: its byte string).
         """
+    def parts(self) -> list:
+        """
+        A 'bytes' batch written as parts (WorkerContext.begin_parts): one uint8 array per part, viewing the slot (they keep it reserved).
+        """
     @property
     def batch_id(self) -> int:
         ...
@@ -477,6 +493,14 @@ class Loader:
     def close(self, grace: typing.SupportsFloat | typing.SupportsIndex = 1.0) -> None:
         """
         Stops the workers (busy ones get `grace` seconds before SIGKILL); safe from any thread (a next() waiting elsewhere returns None).
+        """
+    def end_feed(self) -> None:
+        """
+        Fed loaders: no more batches this epoch; next() returns None once those fed are delivered.
+        """
+    def feed(self, *, order: typing_extensions.Buffer, starts: typing.Any = None) -> None:
+        """
+        Fed loaders: more batches of this epoch, after those fed so far (`order` cut where `starts` says, or into batches of batch_capacity).
         """
     def next(self) -> typing.Any:
         ...
@@ -944,9 +968,9 @@ def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean
     """
     (x / 255 - mean) / std as float32, (H, W, C) or with chw (C, H, W).
     """
-def pipeline_loader(*, pipeline: Pipeline, order: typing_extensions.Buffer, batch_size: typing.SupportsInt | typing.SupportsIndex, drop_last: bool = False, num_workers: typing.SupportsInt | typing.SupportsIndex, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, prefetch_factor: typing.SupportsInt | typing.SupportsIndex = 2, timeout: typing.SupportsFloat | typing.SupportsIndex = 0.0, max_threads: typing.SupportsInt | typing.SupportsIndex | None = None) -> Loader:
+def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> Loader:
     """
-    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches.
+    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
     """
 def process_ids(*, proc_root: str = '/proc') -> list[int]:
     """

@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import _core
-from ._budget.policy import resolve_policy, warn_if_shrunk
+from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.forking import forked_worker, forking
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
 from ._state.elastic import load_position, rank_part, resplits_json
@@ -163,9 +163,9 @@ class DataLoader(HasStats):
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, timeout: float = 0, drop_last: bool = False, *,
-                 prefetch_factor: int = 2, in_order: bool = True, max_threads: Optional[int] = None,
+                 prefetch_factor: int = LOADER_DEFAULTS.prefetch_factor, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 persistent_workers: bool = False, max_batch_bytes: int = 1 << 30,
+                 persistent_workers: bool = False, max_batch_bytes: int = LOADER_DEFAULTS.max_batch_bytes,
                  budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
         self.dataset = dataset
         _check_dataset(dataset)
@@ -301,19 +301,11 @@ class DataLoader(HasStats):
         body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
                        seed_batch=self._batch_seeds(self._epoch_cell))
-        options = _core.LoaderOptions()
-        options.num_workers = self.num_workers
-        options.batch_capacity = self.batch_size
-        options.max_batch_bytes = self.max_batch_bytes
-        options.prefetch_factor = self.prefetch_factor
-        options.in_order = self.in_order
-        options.timeout = self.timeout
-        options.max_threads = self.max_threads
-        options.budget_policy = self.budget_policy
-        with forking():
-            runtime = _core.Loader(options, order=order, drop_last=self.drop_last, worker_main=forked_worker(body))
-        warn_if_shrunk(runtime, stacklevel=3)
-        return runtime
+        spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,
+                         max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
+                         in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
+                         budget_policy=self.budget_policy)
+        return start(spec, body, order=order, drop_last=self.drop_last, stacklevel=3)
 
     def close(self) -> None:
         """Stops persistent workers now (they also stop when the loader is dropped: the runtime Loader closes

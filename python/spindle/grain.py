@@ -44,9 +44,10 @@ from . import _core
 from ._budget.policy import fixed_worker_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats, StatsBook
-from ._runtime.forking import call_in_fork, forked_worker, forking
+from ._runtime.forking import call_in_fork
 from ._runtime.layout import BatchReader, SlotWriter
 from ._runtime.persistent import reset_or_restart
+from ._runtime.start import StartSpec, start
 from ._runtime.worker import batch_decoder, read_stream_kept, run_stream_worker
 from .errors import WorkerDiedError
 
@@ -172,20 +173,12 @@ class _PrefetchIterator(grain.DatasetIterator):
         # Arrays zero-copy, anything else pickled; slots grow to the largest element.
         body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=ArrayElements(), setup=setup, batch_size=1,
                        drop_last=False, restart=_WorkerSlice.restart)
-        options = _core.LoaderOptions()
-        options.round_robin = True
-        options.first_worker = self._next_in_cycle
-        options.num_workers = n
-        options.batch_capacity = 1
-        options.prefetch_factor = self._buffer_size
-        options.in_order = True
         # Not "shrink": grain's per-worker slices and checkpoint state are tied to
         # the worker count the user chose (as before the ledger: ThreadBudgetError
         # when short).
-        options.budget_policy = fixed_worker_policy()
-        with forking():
-            runtime = _core.Loader(options, order=np.empty(0, np.int64), worker_main=forked_worker(body))
-        return runtime
+        spec = StartSpec(round_robin=True, first_worker=self._next_in_cycle, num_workers=n, batch_capacity=1,
+                         prefetch_factor=self._buffer_size, in_order=True, budget_policy=fixed_worker_policy())
+        return start(spec, body, order=np.empty(0, np.int64))
 
     @property
     def worker_pids(self) -> list[int]:

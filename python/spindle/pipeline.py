@@ -34,9 +34,10 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _core
+from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.forking import forking
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, start_pipeline
 from ._state.checkpoint import Position, Progress, new_state
 from ._state.elastic import load_position, rank_part, resplits_json, stream_resume_check
 from ._state.sharding import resolve_shard, shard_list
@@ -45,6 +46,10 @@ from .errors import DataError, DecodeError, InternalError, SpindleError
 __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
 
 _FORMAT = "spindle.Loader"
+
+# The core's defaults (pipeline.hpp, shard_stream.hpp), read once: the builders' signatures use them.
+_PIPELINE_DEFAULTS = _core.PipelineOptions()
+_SHARD_DEFAULTS = _core.ShardOptions()
 
 
 def _is_int(value: Any) -> bool:
@@ -127,13 +132,13 @@ class Pipeline:
     """The stages in call order: (name of a ``_core.Stage`` factory, its checked arguments)."""
     keep: tuple[str, ...] = ()
     """:func:`webdataset`'s kept members (byte fields)."""
-    errors: tuple[str, float] = ("raise", 0.05)
+    errors: tuple[str, float] = ("raise", _PIPELINE_DEFAULTS.max_skip_ratio)
     """:meth:`on_error`'s (policy, max_ratio)."""
     batch_size: int = 1
     """:meth:`batch`'s samples per batch."""
     drop_last: bool = False
     """:meth:`batch`'s drop_last."""
-    bytes_per_sample: int = 4096
+    bytes_per_sample: int = _PIPELINE_DEFAULTS.bytes_per_sample
     """:meth:`batch`'s room per sample for each byte field."""
     fetch: tuple[tuple[str, Any], ...] = ()
     """:func:`webdataset`'s ShardOptions fields (cache_dir, cache_limit_bytes, retries, timeout)."""
@@ -194,7 +199,7 @@ class Pipeline:
         return self._then("normalize", _triple(mean, "normalize mean", False), _triple(std, "normalize std", True),
                           layout == "CHW")
 
-    def on_error(self, policy: str = "raise", max_ratio: float = 0.05) -> "Pipeline":
+    def on_error(self, policy: str = "raise", max_ratio: float = _PIPELINE_DEFAULTS.max_skip_ratio) -> "Pipeline":
         """'raise' (default): a bad file fails its batch, naming the file and the decoder's message.
         'skip': it is replaced by a good sample of its batch and counted; the loader raises once
         skips exceed `max_ratio` of the samples seen (judged from the 100th sample on, and at
@@ -203,7 +208,8 @@ class Pipeline:
             raise ValueError(f"on_error policy must be 'raise' or 'skip', not {policy!r}")
         return dataclasses.replace(self, errors=(policy, _real(max_ratio, "on_error max_ratio", 0.0, 1.0)))
 
-    def batch(self, batch_size: int, drop_last: bool = False, *, bytes_per_sample: int = 4096) -> "Pipeline":
+    def batch(self, batch_size: int, drop_last: bool = False, *,
+              bytes_per_sample: int = _PIPELINE_DEFAULTS.bytes_per_sample) -> "Pipeline":
         """Samples per batch; with `drop_last`, an epoch's short last batch is dropped. `bytes_per_sample`: room for each byte field (a kept WebDataset
         member) in a batch's slot, bytes_per_sample x batch_size in all; a batch whose captions
         take more fails naming the sample and the value that fits (nothing is cut)."""
@@ -250,7 +256,8 @@ def image_folder(root: str | os.PathLike) -> Pipeline:
 
 def webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike],
                keep: str | Sequence[str] = (), *, cache_dir: Optional[str | os.PathLike] = None,
-               cache_limit_bytes: int = 0, retries: int = 3, timeout: float = 30.0) -> Pipeline:
+               cache_limit_bytes: int = _SHARD_DEFAULTS.cache_limit_bytes, retries: int = _SHARD_DEFAULTS.retries,
+               timeout: float = _SHARD_DEFAULTS.timeout) -> Pipeline:
     """WebDataset tar shards, streamed (never extracted): members grouped by key; the image is the
     sample's jpg/jpeg/png, the label its cls (or json "label"). Worker w reads shards w, w + N, ...
     (shard-level assignment); batches come from the workers in turn, as torch's IterableDataset's do.
@@ -307,6 +314,9 @@ class PipelineLoader(HasStats):
         timeout: seconds to wait for a batch (0 or inf: forever).
         prefetch_factor: batches in flight per worker.
         max_threads: cap on the tasks the loader adds, on top of ulimit -u and pids.max.
+        budget_policy: when fewer tasks are free than num_workers: ``"shrink"`` (run with fewer,
+            one ``ThreadBudgetWarning``), ``"wait"`` (up to ``timeout``) or ``"fail"``
+            (``ThreadBudgetError``); None reads ``$SPINDLE_BUDGET_POLICY`` (default ``"shrink"``).
         shard: None, ``"auto"`` or ``(rank, world_size)``: this rank's part of each epoch's
             global order, as ``spindle.DataLoader`` and torch's DistributedSampler cut it; a
             WebDataset is split by shard file (rank r reads files r, r + world_size, ...).
@@ -329,8 +339,10 @@ class PipelineLoader(HasStats):
 
     def __init__(self, pipeline: Pipeline, num_workers: int = 2, *, shuffle: bool = False,
                  seed: Optional[int] = None, mode: str = "threads", timeout: float = 0,
-                 prefetch_factor: int = 2, max_threads: Optional[int] = None, shard: Any = None,
-                 shard_drop_last: bool = False, byte_fields: str = "list") -> None:
+                 prefetch_factor: int = LOADER_DEFAULTS.prefetch_factor, max_threads: Optional[int] = None,
+                 shard: Any = None,
+                 shard_drop_last: bool = False, byte_fields: str = "list",
+                 budget_policy: Optional[str] = None) -> None:
         if not isinstance(pipeline, Pipeline):
             raise TypeError(f"pipeline must be a spindle.pipeline.Pipeline, not {type(pipeline).__name__}")
         if byte_fields not in ("list", "arrays"):
@@ -355,6 +367,7 @@ class PipelineLoader(HasStats):
         self.timeout = float(timeout)
         self.prefetch_factor = int(prefetch_factor)
         self.max_threads = max_threads
+        self.budget_policy = resolve_policy(budget_policy)
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         if self.shard is not None and pipeline.source[0] == "webdataset":
@@ -444,15 +457,11 @@ class PipelineLoader(HasStats):
         if not self._native.streaming and (
                 len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size)):
             return iter(())
-        kwargs = dict(pipeline=self._native, order=order, batch_size=self.pipeline.batch_size,
-                      drop_last=self.pipeline.drop_last, num_workers=self.num_workers,
-                      threads=self.mode == "threads", seed=self._entropy, epoch=epoch,
-                      prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads)
-        if self.mode == "threads":
-            runtime = _core.pipeline_loader(**kwargs)
-        else:
-            with forking():
-                runtime = _core.pipeline_loader(**kwargs)
+        spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.pipeline.batch_size,
+                         prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
+                         budget_policy=self.budget_policy)
+        runtime = start_pipeline(spec, self._native, order=order, seed=self._entropy, epoch=epoch,
+                                 threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
         it = _SkipWarnings(EpochIterator(runtime, decode, owns=True, reraise=_native_error,
                                          stats=self._stats_book()))

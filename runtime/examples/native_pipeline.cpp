@@ -84,14 +84,15 @@ int main(int argc, char** argv) {
   std::iota(order.begin(), order.end(), 0);
   spindle::LoaderOptions lo;
   lo.num_workers = 2;
-  lo.batch_capacity = 16;
-  const uint64_t seed = 7, epoch = 0;
-  const auto plan = spindle::BatchPlan::chunked(order, lo.batch_capacity, false);
+  lo.batch_capacity = 16;  // the batch size
+  // make_pipeline_loader adds what the pipeline decides: slot sizes, streams'
+  // round robin, and the skip-ratio check when on_error is kSkip.
+  const spindle::PipelineEpoch epoch{order, /*seed=*/7, /*epoch=*/0};
 
-  spindle::Loader processes(lo, plan, spindle::Launcher::fork(spindle::pipeline_worker(pipe, seed, epoch)));
-  const auto a = run(processes);
-  spindle::Loader threads(lo, plan, spindle::Launcher::threads(spindle::pipeline_worker(pipe, seed, epoch)));
-  const auto b = run(threads);
+  auto processes = spindle::make_pipeline_loader(pipe, epoch, lo, spindle::PipelineMode::kProcesses);
+  const auto a = run(*processes);
+  auto threads = spindle::make_pipeline_loader(pipe, epoch, lo, spindle::PipelineMode::kThreads);
+  const auto b = run(*threads);
   if (!npy.empty()) std::remove(npy.c_str());
 
   double sum = 0;

@@ -36,4 +36,11 @@ BatchPlan BatchPlan::chunked(std::vector<int64_t> order, std::size_t batch_size,
   return p;
 }
 
+void BatchPlan::append(const BatchPlan& more) {
+  if (starts_.empty()) starts_.push_back(0);
+  const std::size_t base = indices_.size();
+  indices_.insert(indices_.end(), more.indices_.begin(), more.indices_.end());
+  for (std::size_t b = 1; b < more.starts_.size(); ++b) starts_.push_back(base + more.starts_[b]);
+}
+
 }  // namespace spindle

@@ -105,6 +105,8 @@ void Loader::prepare(bool threads) {
 
   BudgetSources sources = options.budget_sources;
   if (options.max_threads) sources.user_cap = options.max_threads;
+  if (options.fed && options.round_robin)
+    SPINDLE_THROW(std::invalid_argument, "spindle: a Loader is fed planned batches or runs streams, not both");
   if (options.first_worker < 0 || options.first_worker >= options.num_workers)
     SPINDLE_THROW(std::invalid_argument, "spindle: first_worker must be in [0, num_workers)");
   // The ledger grants the plan (possibly fewer workers, per budget_policy)
@@ -126,9 +128,11 @@ void Loader::prepare(bool threads) {
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
   const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
-  const std::size_t known = options.round_robin ? want : batches_.size();  // streams: unknown length
+  // Streams and fed plans: the length is not known up front.
+  const std::size_t known = options.round_robin || options.fed ? want : batches_.size();
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
   active_.assign(nw, true);
+  outstanding_.assign(nw, 0);
   // Checked against the workers asked for; with fewer (kShrink) the turn wraps.
   next_worker_ = static_cast<uint32_t>(options.first_worker % options.num_workers);
   // Two slots beyond what is in flight: the batch the user is working on and
@@ -148,6 +152,7 @@ void Loader::prepare(bool threads) {
   ring_->ring = BatchRing::create(ring_->segment.data(), g);
   ring_->ring.header().stats = options.stats ? 1 : 0;
   baseline_.assign(nw, WorkerBaseline{});
+  assigned_.assign(g.num_slots, -1);
   stats_since_ = std::chrono::steady_clock::now();
   for (uint32_t s = 0; s < g.num_slots; ++s)
     ring_->segment.reserve(static_cast<std::size_t>(ring_->ring.payload(s) - ring_->segment.data()),
@@ -176,11 +181,37 @@ void Loader::reset(BatchPlan batches) {
   batches_ = std::move(batches);
   next_post_ = 0;
   delivered_ = 0;
+  feed_ended_ = false;
   samples_seen_ = samples_skipped_ = 0;
   const std::size_t room = ring_->ring.geometry().num_slots - 2;
   const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
-  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, batches_.size(), room})));
+  const std::size_t known = options_.fed ? want : batches_.size();
+  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, known, room})));
   post_more();
+}
+
+void Loader::feed(BatchPlan more) {
+  std::lock_guard op(op_mu_);
+  rethrow_if_broken();
+  if (!options_.fed) SPINDLE_THROW(std::logic_error, "spindle: feed() needs a fed Loader (LoaderOptions::fed)");
+  if (feed_ended_) SPINDLE_THROW(std::logic_error, "spindle: feed() after end_feed() in the same epoch");
+  if (closed()) return;  // closed from another thread: nothing more is loaded
+  // Numbered after the batches already fed, so an error names the epoch's batch.
+  for (std::size_t b = 0; b < more.size(); ++b)
+    if (more.batch(b).empty() || more.batch(b).size() > options_.batch_capacity)
+      SPINDLE_THROW(std::invalid_argument, "spindle: batch " + std::to_string(batches_.size() + b) + " has " +
+                                               std::to_string(more.batch(b).size()) +
+                                               " samples; every batch needs 1.." +
+                                               std::to_string(options_.batch_capacity));
+  batches_.append(more);
+  post_more();
+}
+
+void Loader::end_feed() {
+  std::lock_guard op(op_mu_);
+  rethrow_if_broken();
+  if (!options_.fed) SPINDLE_THROW(std::logic_error, "spindle: end_feed() needs a fed Loader (LoaderOptions::fed)");
+  feed_ended_ = true;
 }
 
 void Loader::drain_inflight() {
@@ -199,6 +230,8 @@ void Loader::drain_inflight() {
     if (!s) SPINDLE_THROW(std::logic_error, "spindle: the Loader was closed during reset()");
     r.set_state(*s, SlotState::kFree);
   }
+  std::fill(outstanding_.begin(), outstanding_.end(), 0);
+  std::fill(assigned_.begin(), assigned_.end(), -1);
 }
 
 void Loader::reset_streams(int first_worker, std::vector<std::string> messages) {
@@ -291,6 +324,19 @@ void Loader::post_more() {
       std::copy(idx.begin(), idx.end(), r.indices(s));
       // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
       queue = options_.assign_in_turn ? 1 + static_cast<uint32_t>(next_post_ % nw) : 0;
+      if (options_.assign_in_turn && !options_.in_order) {
+        // Out of order, torch gives the batch to the next worker in turn with fewer than
+        // prefetch_factor batches outstanding: a slow worker is skipped and its own batches
+        // wait for it, the others go on.
+        uint32_t w = next_worker_ % nw, tried = 0;
+        while (tried < nw && outstanding_[w] >= static_cast<uint32_t>(options_.prefetch_factor)) {
+          w = (w + 1) % nw;
+          ++tried;
+        }
+        if (tried == nw) return;  // every worker has its share: wait for a delivery
+        next_worker_ = (w + 1) % nw;
+        queue = 1 + w;
+      }
     }
     h.batch_id = static_cast<int64_t>(next_post_++);
     h.worker = -1;
@@ -300,6 +346,8 @@ void Loader::post_more() {
     r.set_state(s, SlotState::kPosted);
     r.queue(queue).post(s);
     inflight_.push_back(s);
+    assigned_[s] = static_cast<int32_t>(queue) - 1;
+    if (queue > 0) ++outstanding_[queue - 1];
   }
 }
 
@@ -312,6 +360,9 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
   uint32_t s = 0;
   for (;;) {
     if (!options_.round_robin && delivered_ == batches_.size()) {
+      if (options_.fed && !feed_ended_)
+        SPINDLE_THROW(std::logic_error, "spindle: next() on a fed Loader with every batch fed delivered and the "
+                                        "feed not ended: feed() more batches or end_feed() first");
       check_skips(/*final=*/true);
       return std::nullopt;
     }
@@ -324,6 +375,7 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     if (!got) return std::nullopt;  // closed meanwhile
     s = *got;
     ++delivered_;
+    if (assigned_[s] >= 0) --outstanding_[static_cast<std::size_t>(assigned_[s])];
     SlotHeader& done = r.slot(s);
     if (r.state(s) == SlotState::kReady && (done.flags & kSlotExhausted)) {
       if (done.worker >= 0) active_[static_cast<std::size_t>(done.worker)] = false;

@@ -5,6 +5,8 @@
 #include <spindle/pipeline.hpp>
 
 #include <spindle/error.hpp>
+#include <spindle/launcher.hpp>
+#include <spindle/loader.hpp>
 #include <spindle/sources.hpp>
 
 namespace spindle {
@@ -179,6 +181,22 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
     }
     return 0;
   };
+}
+
+std::unique_ptr<Loader> make_pipeline_loader(std::shared_ptr<const Pipeline> pipe, PipelineEpoch epoch,
+                                             LoaderOptions options, PipelineMode mode, ForkHooks hooks) {
+  const bool stream = pipe->streaming();
+  options.round_robin = stream;
+  options.slot_bytes = pipe->layout(options.batch_capacity).bytes();
+  options.max_skip_ratio.reset();
+  if (pipe->options().on_error == PipelineOptions::OnError::kSkip) options.max_skip_ratio = pipe->options().max_skip_ratio;
+  BatchPlan plan = stream ? BatchPlan::chunked({}, options.batch_capacity, false)
+                          : BatchPlan::chunked(std::move(epoch.order), options.batch_capacity, epoch.drop_last);
+  WorkerMain body = stream ? pipeline_stream_worker(pipe, epoch.seed, epoch.epoch)
+                           : pipeline_worker(pipe, epoch.seed, epoch.epoch);
+  Launcher launcher = mode == PipelineMode::kThreads ? Launcher::threads(std::move(body))
+                                                     : Launcher::fork(std::move(body), std::move(hooks));
+  return std::make_unique<Loader>(options, std::move(plan), std::move(launcher));
 }
 
 }  // namespace spindle

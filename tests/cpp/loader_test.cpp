@@ -168,6 +168,47 @@ TEST(LoaderDelivery, DeliversEverySampleOnceOutOfOrder) {
   EXPECT_NE(order.front(), 0) << "the slow batch 0 should not be delivered first";
 }
 
+// Proves: a fed loader delivers the batches fed one by one as they are drawn, in order, every sample once,
+// ends only after end_feed(), refuses a next() that would wait for a batch never fed, and a new
+// epoch (reset) is fed again.
+TEST(LoaderDelivery, AFedLoaderDeliversBatchesFedAsTheyAreDrawn) {
+  const auto batches = make_batches(500, 16);
+  LoaderOptions o = options(2, 16);
+  o.fed = true;
+  o.assign_in_turn = true;
+  const std::size_t first = 4;  // what torch's iterator draws up front: prefetch_factor * num_workers
+  Loader loader(o, std::vector<std::vector<int64_t>>(batches.begin(), batches.begin() + first),
+                Launcher::fork(sample_worker(fill_sample, kSampleBytes)));
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::size_t fed = first;
+    std::vector<int> seen(500, 0);
+    int64_t expect_id = 0;
+    for (;;) {
+      auto b = loader.next();
+      if (!b) break;
+      ASSERT_EQ(b->batch_id(), expect_id);
+      ASSERT_TRUE(batch_is_intact(*b, batches[static_cast<std::size_t>(expect_id)]));
+      for (int64_t i : b->indices()) ++seen[static_cast<std::size_t>(i)];
+      ++expect_id;
+      // One batch drawn per batch delivered, as torch's _process_data does.
+      if (fed < batches.size()) loader.feed(std::vector<std::vector<int64_t>>{batches[fed++]});
+      else loader.end_feed();
+    }
+    EXPECT_EQ(expect_id, static_cast<int64_t>(batches.size()));
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 500) << "every sample exactly once";
+    EXPECT_THROW(loader.feed(std::vector<std::vector<int64_t>>{batches[0]}), std::logic_error)
+        << "feeding after end_feed() is a bug of the caller";
+    loader.reset(std::vector<std::vector<int64_t>>(batches.begin(), batches.begin() + first));
+  }
+  // Epoch 3: the batches fed are delivered, then a next() that would wait forever throws.
+  for (std::size_t i = 0; i < first; ++i) ASSERT_TRUE(loader.next().has_value());
+  EXPECT_THROW(loader.next(), std::logic_error);
+  EXPECT_THROW(loader.feed(std::vector<std::vector<int64_t>>{std::vector<int64_t>(17, 0)}), std::invalid_argument)
+      << "a batch over batch_capacity is refused, naming it";
+  loader.end_feed();
+  EXPECT_FALSE(loader.next().has_value());
+}
+
 // Proves: kept batches are never overwritten; with all slots leased the loader copies out instead.
 TEST(LoaderDelivery, KeptBatchesAreNeverCorrupted) {
   const auto batches = make_batches(640, 16);  // 40 batches

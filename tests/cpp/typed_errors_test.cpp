@@ -203,12 +203,11 @@ struct BrokenFolder {
     o.max_skip_ratio = max_ratio;
     pipe = std::make_shared<const Pipeline>(o);
   }
+  // What a C++ user sets; make_pipeline_loader adds slot_bytes and the skip ratio.
   LoaderOptions options() const {
     LoaderOptions o;
     o.num_workers = 2;
     o.batch_capacity = 10;
-    o.slot_bytes = pipe->layout(10).bytes();
-    o.max_skip_ratio = pipe->options().max_skip_ratio;
     return o;
   }
 };
@@ -222,10 +221,9 @@ std::vector<int64_t> all_of(std::size_t n) {
 // Runs one epoch; returns the samples skipped by the batches' own count, or
 // rethrows what the loader raised.
 uint64_t run_epoch(const BrokenFolder& f, bool threads) {
-  auto body = pipeline_worker(f.pipe, 0, 0);
-  BatchPlan plan = BatchPlan::chunked(all_of(f.pipe->size()), 10);
-  std::unique_ptr<Loader> loader = threads ? std::make_unique<Loader>(f.options(), std::move(plan), Launcher::threads(body))
-                                           : std::make_unique<Loader>(f.options(), std::move(plan), Launcher::fork(body));
+  std::unique_ptr<Loader> loader =
+      make_pipeline_loader(f.pipe, PipelineEpoch{all_of(f.pipe->size()), 0, 0}, f.options(),
+                           threads ? PipelineMode::kThreads : PipelineMode::kProcesses);
   uint64_t skipped = 0;
   while (auto b = loader->next()) skipped += b->skipped();
   return skipped;
@@ -247,11 +245,35 @@ void expect_skip_ratio_enforced(bool threads) {
   EXPECT_TRUE(spindle_shm_names(getpid()).empty());
 }
 
-// Proves: the Loader enforces max_skip_ratio on a native pipeline's skip counts with forked workers.
+// Proves: make_pipeline_loader wires on_error=kSkip's max_skip_ratio into the Loader, which enforces it on
+// the skip counts of forked workers (the caller's LoaderOptions name no ratio).
 TEST(TypedErrors, SkipRatioIsEnforcedForProcesses) { expect_skip_ratio_enforced(false); }
 
-// Proves: the Loader enforces max_skip_ratio on a native pipeline's skip counts with arena threads.
+// Proves: make_pipeline_loader wires on_error=kSkip's max_skip_ratio into the Loader, which enforces it on
+// the skip counts of arena threads (the caller's LoaderOptions name no ratio).
 TEST(TypedErrors, SkipRatioIsEnforcedForThreads) { expect_skip_ratio_enforced(true); }
+
+// Proves: with on_error=kRaise make_pipeline_loader sets no ratio check (a ratio left in the caller's
+// options is not the pipeline's), and the first bad file fails its batch naming the file.
+TEST(TypedErrors, RaisingPipelineLoaderHasNoSkipRatio) {
+  TempDir dir;
+  for (int i = 0; i < 4; ++i) write_file(dir.path() / "cls" / (std::to_string(i) + ".png"), i == 2 ? "not a png" : kPng);
+  PipelineOptions po;
+  po.image_folder = dir.path().string();
+  po.stages = {stages::decode(), stages::center_crop({2, 2})};
+  auto pipe = std::make_shared<const Pipeline>(po);
+  LoaderOptions o;
+  o.batch_capacity = 2;
+  o.max_skip_ratio = 0.5;
+  auto loader = make_pipeline_loader(pipe, PipelineEpoch{all_of(4), 0, 0}, o, PipelineMode::kThreads);
+  try {
+    while (loader->next()) {
+    }
+    FAIL() << "a file that is not an image raised nothing with on_error=kRaise";
+  } catch (const BatchFailedError& e) {
+    EXPECT_TRUE(contains(e.what(), "2.png")) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace spindle

@@ -63,3 +63,44 @@ def test_workers_beyond_the_budget_fail_before_forking_with_the_numbers():
     msg = json.loads(done.stdout.strip().splitlines()[-1])["too_many"]
     assert "40 workers do not fit the thread budget of 24 tasks" in msg, msg
     assert "ulimit -u" in msg and "RLIMIT_NPROC soft=" in msg
+
+
+PIPELINE_UNDER_LIMIT = r'''
+import json, os, shutil, tempfile, warnings
+import numpy as np, spindle
+from spindle import pipeline as sp
+
+root = tempfile.mkdtemp(prefix="spindle-pipeline-budget-")
+path = os.path.join(root, "images.npy")
+np.save(path, np.zeros((48, 8, 8, 3), np.uint8))
+pipe = sp.arrays(path).batch(8)
+report = {}
+for mode in ("processes", "threads"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = sum(len(b["label"]) for b in spindle.PipelineLoader(pipe, num_workers=40, mode=mode))
+    report[mode] = {"samples": samples, "warnings": [str(w.message) for w in caught
+                                                     if issubclass(w.category, spindle.ThreadBudgetWarning)]}
+os.environ["SPINDLE_BUDGET_POLICY"] = "fail"
+try:
+    iter(spindle.PipelineLoader(pipe, num_workers=40, mode="processes"))
+    report["fail"] = "no error"
+except spindle.ThreadBudgetError as e:
+    report["fail"] = str(e)
+shutil.rmtree(root)
+print(json.dumps(report))
+'''
+
+
+def test_pipeline_loader_shrinks_with_a_warning_and_honours_the_budget_policy_variable():
+    """Proves: PipelineLoader starts through the one start path: 40 workers under 12 tasks of headroom shrink
+    with one ThreadBudgetWarning naming the numbers (processes and threads) and every sample comes, and
+    $SPINDLE_BUDGET_POLICY=fail raises ThreadBudgetError instead."""
+    done = run_limited(PIPELINE_UNDER_LIMIT, headroom=12)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    for mode in ("processes", "threads"):
+        assert r[mode]["samples"] == 48, r
+        assert len(r[mode]["warnings"]) == 1, r
+        assert "40 workers asked" in r[mode]["warnings"][0], r
+    assert "40 workers do not fit the thread budget" in r["fail"], r

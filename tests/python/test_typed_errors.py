@@ -100,14 +100,21 @@ def test_skip_ratio_is_enforced_by_the_runtime_with_its_counts(broken, mode):
     assert isinstance(info.value, spindle.SpindleError)
 
 
+def pipeline_runtime(native, order, batch_size: int, threads: bool):
+    """One worker running `native` over `order` (the binding of make_pipeline_loader)."""
+    options = _core.LoaderOptions()
+    options.num_workers = 1
+    options.batch_capacity = batch_size
+    return _core.pipeline_loader(native, options, order=order, threads=threads, seed=0, epoch=0)
+
+
 @pytest.mark.parametrize("threads", [False, True])
 def test_skip_counts_ride_in_the_batch_not_its_structure(broken, threads):
     """Proves: each batch's skip count is its own field (Batch.skipped), read without parsing the structure bytes."""
     native = _core.Pipeline(sp.image_folder(broken).decode().center_crop(64).batch(8)
                             .on_error("skip", max_ratio=0.5).options())
     order = np.arange(len(native), dtype=np.int64)
-    runtime = _core.pipeline_loader(pipeline=native, order=order, batch_size=8, num_workers=1, threads=threads,
-                                    seed=0, epoch=0)
+    runtime = pipeline_runtime(native, order, batch_size=8, threads=threads)
     try:
         skipped = 0
         while (lease := runtime.next()) is not None:
@@ -121,8 +128,7 @@ def test_skip_counts_ride_in_the_batch_not_its_structure(broken, threads):
 def failures(pipe, threads: bool) -> list:
     native = _core.Pipeline(pipe.options())
     order = np.arange(len(native), dtype=np.int64)
-    runtime = _core.pipeline_loader(pipeline=native, order=order, batch_size=1, num_workers=1, threads=threads,
-                                    seed=0, epoch=0)
+    runtime = pipeline_runtime(native, order, batch_size=1, threads=threads)
     found = []
     try:
         while True:
@@ -157,8 +163,7 @@ def test_a_webdataset_decode_failure_names_shard_and_key(broken, tmp_path):
                 tar.addfile(info, io.BytesIO(payload))
     pipe = sp.webdataset([str(shard)]).decode().center_crop(32).batch(1)
     native = _core.Pipeline(pipe.options())
-    runtime = _core.pipeline_loader(pipeline=native, order=np.arange(0, dtype=np.int64), batch_size=1,
-                                    num_workers=1, threads=True, seed=0, epoch=0)
+    runtime = pipeline_runtime(native, np.arange(0, dtype=np.int64), batch_size=1, threads=True)
     try:
         with pytest.raises(errors.BatchFailedError) as info:
             while runtime.next() is not None:

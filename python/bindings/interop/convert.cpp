@@ -99,7 +99,7 @@ std::string describe(const LoaderOptions& o) {
     << ", prefetch_factor=" << o.prefetch_factor << ", in_order=" << flag(o.in_order)
     << ", timeout=" << timeout_seconds(o.timeout) << ", max_threads=";
   opt(o.max_threads) << ", round_robin=" << flag(o.round_robin) << ", assign_in_turn=" << flag(o.assign_in_turn)
-                     << ", first_worker=" << o.first_worker << ", budget_policy='"
+                     << ", fed=" << flag(o.fed) << ", first_worker=" << o.first_worker << ", budget_policy='"
                      << budget_policy_name(o.budget_policy) << "', max_skip_ratio=";
   opt(o.max_skip_ratio) << ")";
   return s.str();

@@ -7,6 +7,8 @@
 - ``layout``: how a batch is laid out in a slot (SlotWriter in the worker, BatchReader
   in the consumer).
 - ``failures``: a worker's exception packed into its slot, and re-raised in the consumer.
+- ``start``: the one start path: a frozen StartSpec, then start() / start_pipeline(), which
+  apply the budget policy, fork or spawn, and warn when the budget shrank the loader.
 - ``forking`` / ``spawned``: starting workers by fork, or as new interpreters.
 - ``persistent``: the one reset-or-restart decision of persistent workers.
 

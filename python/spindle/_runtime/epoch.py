@@ -26,8 +26,11 @@ class EpochIterator:
     def __init__(self, runtime: _core.Loader, decode: Callable[[_core.Batch], Any], *, owns: bool,
                  owner: Optional[Any] = None, epoch: int = 0,
                  reraise: Optional[Callable[[BatchFailedError], BaseException]] = None,
-                 stats: Optional[StatsBook] = None) -> None:
+                 stats: Optional[StatsBook] = None, after_batch: Optional[Callable[[], None]] = None) -> None:
         self._runtime = runtime
+        # Called once a batch is delivered or failed, before it is handed out or raised
+        # (spindle.torch draws the next batch from the sampler there, as torch does).
+        self._after_batch = after_batch
         self._stats = stats  # the front end's statistics: this runtime's counts join them
         if stats is not None:
             stats.track(runtime)
@@ -62,6 +65,8 @@ class EpochIterator:
         try:
             lease = self._runtime.next()
         except BatchFailedError as failed:
+            if self._after_batch is not None:
+                self._after_batch()
             raise self._reraise(failed) from None
         except KeyboardInterrupt:
             # Ctrl-C while waiting: stop the workers before the interrupt
@@ -73,6 +78,8 @@ class EpochIterator:
             if self._owns:
                 self.close()
             raise StopIteration
+        if self._after_batch is not None:
+            self._after_batch()
         if lease.copied_out and not self._logged_copy:
             # Not a warning: keeping every batch (`list(loader)`) is ordinary torch
             # code, and the copy is what torch pays for every batch. The copy is

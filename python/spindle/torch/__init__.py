@@ -1,45 +1,45 @@
-"""spindle.torch.DataLoader: torch.utils.data.DataLoader's interface on spindle's workers.
+"""spindle.torch.DataLoader: torch.utils.data.DataLoader on spindle's workers.
 
 Change one import line::
 
     from spindle.torch import DataLoader   # was: from torch.utils.data import DataLoader
 
-Arguments, their validation (same exception types and messages), samplers,
-batch samplers, the generator, ``len()`` and the batch order are torch's own:
-this class builds a ``torch.utils.data.DataLoader`` for them and never lets it
-start a worker. What changes is how batches travel: spindle's forked,
-single-threaded workers write them into shared memory, and you get tensors
-that are zero-copy views of it (writable, valid for as long as you keep them).
+or, for loaders built by code you do not own (a framework), ``spindle.torch.install()``
+(or ``SPINDLE_TORCH=1`` in the environment): every torch DataLoader with workers then
+runs on spindle's, through torch's multi-process iterator.
 
-Two transports, chosen by the worker for each batch:
+The class is a subclass of torch's: its constructor validates the arguments and builds
+the samplers (same exception types and messages), and ``len()``, the generator's draws
+and the batch order are torch's. What changes is where batches are made and how they
+travel: spindle's forked (or spawned), single-threaded workers write them into shared
+memory, and you get tensors that are views of it (writable, valid for as long as you keep
+them). Two transports, chosen by the worker for each batch:
 
-- **zero-copy** (default collate, samples made of tensors, numpy arrays and
-  numbers of one shape within the batch): each field is written straight into
-  its block of a slot and arrives as ``torch.from_numpy`` of it, exactly as
-  ``default_collate`` would have built it (dicts, namedtuples; tuples become
-  lists, like default_collate).
-- **pickled** (a custom ``collate_fn``, strings or other objects, ragged
-  samples, or ``batch_size=None``): the worker runs the collate function and
-  pickles the batch into its slot; the consumer unpickles it. No pipes, no
-  feeder threads.
+- **arrays** (torch's default_collate, samples of tensors, numpy arrays and numbers of
+  one shape within the batch): each field is written straight into its block of a slot
+  and arrives as ``torch.from_numpy`` of it, as ``default_collate`` would have built it
+  (dicts, namedtuples; tuples become lists, like default_collate).
+- **pickled in parts** (any other collate_fn, strings or other objects, ragged samples,
+  ``batch_size=None``): the worker runs the collate function and pickles its output with
+  protocol 5, every large array and CPU tensor an out-of-band buffer copied once into the
+  slot; the consumer gets them back as views of it.
 
-Dataset code runs only in the workers, as in torch: nothing is read up front
-to size the ring (each batch carries its layout; slots grow to fit), so an
-error in ``dataset[i]`` or ``worker_init_fn`` surfaces at ``next()``.
+Dataset code runs only in the workers, as in torch: nothing is read up front to size the
+ring (each batch carries its layout; slots grow to fit), so an error in ``dataset[i]`` or
+``worker_init_fn`` surfaces at ``next()``.
 
 Differences from torch are listed in docs/torch_dropin.md.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import numbers
 import operator
 import pickle
 import random
 import warnings
 from functools import partial
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 
@@ -49,66 +49,40 @@ require_extra("torch", ("torch",), "spindle.torch")
 
 import torch  # noqa: E402 - after the check that names the extra
 from torch.utils.data import DataLoader as _TorchDataLoader
+from torch.utils.data import dataloader as _torch_dataloader
 from torch.utils.data import BatchSampler, IterableDataset, IterDataPipe, MapDataPipe, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 from torch.utils.data._utils import worker as _torch_worker
+from torch.utils.data._utils.collate import default_collate
 
 from .. import _core
-from .._budget.policy import resolve_policy, warn_if_shrunk
 from .._runtime.epoch import EpochIterator
 from .._runtime.stats import HasStats
-from .._runtime.forking import forked_worker, forking
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
-from .._runtime.spawned import WorkerPayload, worker_argv, worker_env
-from .._runtime.worker import batch_decoder, run_stream_worker, run_worker
+from .._runtime.start import StartSpec, start as start_runtime, start_method_of
+from .._runtime.worker import run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
-from ._transport import CollatedBatches
+from ._transport import CollatedBatches, load_pickled
 from ._workers import WorkerProcess, torch_died
 
-__all__ = ["DataLoader", "StatefulDataLoader"]
+__all__ = ["DataLoader", "StatefulDataLoader", "install", "uninstall", "installed"]
 
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(HasStats, Generic[_T_co]):
-    """``torch.utils.data.DataLoader`` with spindle's workers. Same signature and defaults.
+class _Engine(HasStats):
+    """spindle's workers for one torch loader, ``self._torch``: a spindle.torch.DataLoader itself,
+    or (after :func:`install`) any other ``torch.utils.data.DataLoader`` whose multi-process
+    iterator spindle serves. torch's loader holds the arguments, the samplers and the generator;
+    this holds the persistent runtime and the draws that persistent workers keep."""
 
-    Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations).
+    _shard: Any = None
 
-    Beyond torch's arguments, keyword-only and off by default (then nothing
-    differs from torch): ``shard="auto"`` or ``shard=(rank, world_size)``
-    loads this rank's part of a map-style dataset, exactly as
-    ``sampler=DistributedSampler(dataset, world_size, rank, shuffle=shuffle,
-    seed=shard_seed, drop_last=shard_drop_last)`` would, with ``set_epoch``
-    called for each epoch (docs/distributed.md)."""
-
-    _peer = _TorchDataLoader  # the loader that validates the arguments and builds the samplers
-
-    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
-                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
-                 collate_fn: Optional[Callable[[list], Any]] = None, pin_memory: bool = False,
-                 drop_last: bool = False, timeout: float = 0,
-                 worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
-                 generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
-                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
-                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0,
-                 **peer_options: Any) -> None:
-        self._shard = resolve_shard(shard)
+    def _init_engine(self) -> None:
         self._epochs_begun = 0  # iter() calls: the epoch number of a shard's DistributedSampler
-        if self._shard is not None:
-            sampler, shuffle = _shard_sampler(self._shard, dataset, shuffle, sampler, batch_sampler,
-                                              shard_seed, shard_drop_last), None
-        # torch validates every argument and builds the samplers; it starts no
-        # worker until iterated, and we never iterate it with workers.
-        self._torch = self._peer(
-            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
-            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
-        _check_counts(self._torch)
-        self._user_collate = collate_fn is not None
         self._runtime: Optional[_core.Loader] = None
         self._close_on_drop: Optional[_core.CloseOnDrop] = None
         self._capacity = 0
@@ -117,33 +91,25 @@ class DataLoader(HasStats, Generic[_T_co]):
         self._runtime_epoch = 0
         self._persistent_epoch = 0
         self._keyed = False  # the persistent workers look indices up in an epoch's table (_ByPosition)
+        self._fed = False  # the persistent runtime takes its batches as they are drawn (_Feed)
 
-    # torch's public attributes, read-through.
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_torch":
-            raise AttributeError(name)
-        return getattr(self._torch, name)
-
-    # Public attributes are torch's too: torch checks the assignment (batch_size,
-    # sampler, batch_sampler, drop_last, dataset, persistent_workers raise
-    # ValueError once the loader is built) and stores it where we read it.
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_") or "_torch" not in self.__dict__:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._torch, name, value)
-
-    def __len__(self) -> int:
-        return len(self._torch)
+    @property
+    def _torch(self) -> Any:
+        raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
         """With a shard: the epoch the next iteration shuffles for (DistributedSampler.set_epoch)."""
         self._epochs_begun = int(epoch)
 
     def _begin_epoch(self) -> None:
-        """Hook at each iter(), before the sampler is iterated: a shard's sampler gets its epoch."""
+        """Hook at each iter(), before the sampler is iterated: a shard's sampler gets its epoch, unless
+        a framework set it (sampler.set_epoch, as Lightning does each epoch): then that one wins."""
         if self._shard is not None:
-            self._torch.sampler.set_epoch(self._epochs_begun)
+            sampler = self._torch.sampler
+            if not sampler.told:
+                DistributedSampler.set_epoch(sampler, self._epochs_begun)
+            sampler.told = False
+            self._epochs_begun = sampler.epoch
         self._epochs_begun += 1
 
     def _draws_as_persistent(self, reuse: bool) -> bool:
@@ -167,14 +133,13 @@ class DataLoader(HasStats, Generic[_T_co]):
         """Hook: the epoch's iterator as handed out (StatefulDataLoader counts its batches)."""
         return it
 
-    def __iter__(self) -> Any:
+    def _spindle_epoch(self) -> Any:
+        """One epoch on spindle's workers (num_workers > 0)."""
         self._begin_epoch()
         return self._wrap(self._iter_epoch())
 
     def _iter_epoch(self) -> Any:
         loader = self._torch
-        if loader.num_workers == 0:
-            return iter(loader)  # single process: torch's own loop is already what spindle would do
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
                           "then device pinned memory won't be used.", stacklevel=2)
@@ -183,13 +148,20 @@ class DataLoader(HasStats, Generic[_T_co]):
         # The same draws from `generator`, in the same order, as torch's
         # iterator: persistent workers keep the base seed of their first epoch.
         sampler_iter = iter(loader._index_sampler)
-        reuse = self.persistent_workers and self._runtime is not None
+        reuse = self._torch.persistent_workers and self._runtime is not None
         if self._draws_as_persistent(reuse):
             base_seed = self._base_seed
         else:
             base_seed = self._base_seed = _draw(loader.generator)
             sampler_iter = self._first_epoch_sampler(sampler_iter)
-        batches, base_seed = self._resume_batches(_Batches.read(loader, sampler_iter), base_seed)
+        feed = None
+        if self._draws_lazily():
+            # torch draws prefetch_factor * num_workers batches now, then one for each batch it
+            # hands out: an epoch left early leaves the sampler (and its generator) where torch's does.
+            batches, feed = _Feed.first(loader, sampler_iter)
+        else:
+            batches = _Batches.read(loader, sampler_iter)
+        batches, base_seed = self._resume_batches(batches, base_seed)
         if not len(batches):
             return iter(())
         dataset = loader.dataset
@@ -204,91 +176,78 @@ class DataLoader(HasStats, Generic[_T_co]):
             if reuse:
                 self.close()
                 reuse = False
-        capacity = batches.capacity
-        if reuse and (capacity > self._capacity or self._keyed):  # outgrown slots, or last epoch's table
+        capacity = max(batches.capacity, feed.capacity if feed is not None else 0)
+        fed = feed is not None
+        if reuse and (capacity > self._capacity or self._keyed or fed != self._fed):
+            # outgrown slots, last epoch's table, or a runtime fed otherwise
             self.close()
             reuse = False
         setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                         worker_init_fn=loader.worker_init_fn)
         if not reuse:
             self._capacity = capacity
+            self._fed = fed
         decode = self._decoder()
 
         def start() -> _core.Loader:
             transport = CollatedBatches(self._collate(), self._capacity, self._zero_copy(),
                                         batched_fetch=loader._auto_collation)
             workers_see = self._worker_dataset(dataset, self._spawns())
-            # In order, batch k goes to worker k mod N, as torch sends it. Out of
-            # order, torch gives a batch only to a worker with room (a slow worker
-            # is skipped); here a free worker takes the next batch.
-            options = _core.LoaderOptions()
-            options.assign_in_turn = loader.in_order
-            options.num_workers = loader.num_workers
-            options.batch_capacity = self._capacity
-            options.prefetch_factor = loader.prefetch_factor
-            options.in_order = loader.in_order
-            options.timeout = loader.timeout
-            runtime = self._runtime_for(run_worker, dict(dataset=workers_see, transport=transport, setup=setup),
-                                        options, order=order, starts=starts)
-            if self.persistent_workers:
+            # Batches go to workers as torch sends them: in order, batch k to worker
+            # k mod N; out of order, to the next worker in turn with room (a slow
+            # worker is skipped, and the batches it has wait for it).
+            spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
+                             fed=fed, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+                             timeout=loader.timeout, start_method=self._start_method())
+            body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
+            # The warnings point at the user's iter(loader).
+            runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
+            if self._torch.persistent_workers:
                 self._keep(runtime)
                 self._keyed = (isinstance(workers_see, _ByPosition)
                                or isinstance(getattr(workers_see, "dataset", None), _ByPosition))
             return runtime
 
-        runtime, _ = reset_or_restart(self._runtime if self.persistent_workers else None,
+        runtime, _ = reset_or_restart(self._runtime if self._torch.persistent_workers else None,
                                       lambda kept: kept.reset(order=order, starts=starts), start,
                                       close=self.close, failures=(Exception,))
-        if not self.persistent_workers:
-            return _TorchIterator(runtime, decode, owns=True, stats=self._stats_book())
+        after_batch = feed.bind(runtime) if feed is not None else None
+        if not self._torch.persistent_workers:
+            return _TorchIterator(runtime, decode, owns=True, stats=self._stats_book(), after_batch=after_batch)
         self._persistent_epoch += 1
         return _TorchIterator(runtime, decode, owns=False, owner=self, epoch=self._persistent_epoch,
-                              stats=self._stats_book())
+                              stats=self._stats_book(), after_batch=after_batch)
+
+    def _draws_lazily(self) -> bool:
+        """Hook: whether this epoch draws its sampler as torch's iterator does, a batch at a time
+        (StatefulDataLoader replays an epoch's draws in one go instead)."""
+        return True
 
     def _collate(self) -> Callable[[list], Any]:
         loader = self._torch
         return loader.collate_fn if loader._auto_collation else partial(_convert_one, loader.collate_fn)
 
     def _zero_copy(self) -> bool:
-        return self._torch._auto_collation and not self._user_collate
+        # torch's own default_collate, named or not (torch puts it in collate_fn when none is
+        # given): the array path, which builds exactly what it would have built.
+        return self._torch._auto_collation and self._torch.collate_fn is default_collate
+
+    def _start_method(self) -> str:
+        """The loader's multiprocessing_context, or else the start method set globally."""
+        return start_method_of(self._torch.multiprocessing_context)
 
     def _spawns(self) -> bool:
-        """Workers as new interpreters: the loader's multiprocessing_context, or else the
-        start method set globally (multiprocessing.set_start_method), is 'spawn' or 'forkserver'."""
-        context = self._torch.multiprocessing_context
-        if context is None:
-            method = multiprocessing.get_start_method(allow_none=True)
-        else:
-            method = context if isinstance(context, str) else context.get_start_method()
-        return method in ("spawn", "forkserver")
-
-    def _runtime_for(self, body: Callable[..., int], kwargs: dict[str, Any], options: _core.LoaderOptions, *,
-                     order: np.ndarray, starts: Optional[np.ndarray] = None) -> _core.Loader:
-        """A runtime Loader whose workers run body(ctx, **kwargs): forked, or spawned (pickled payload)."""
-        # torch's signature is fixed: the policy comes from $SPINDLE_BUDGET_POLICY (default "shrink").
-        options.budget_policy = resolve_policy(None)
-        if self._spawns():
-            # Pickled in multiprocessing's spawning context, as torch's worker
-            # Process arguments are: its synchronization primitives, shared
-            # ctypes and tensors travel as they do to torch's workers.
-            try:
-                payload = WorkerPayload(body, kwargs)
-            except (TypeError, AttributeError, pickle.PicklingError):
-                warnings.warn(_PICKLE_ERROR_WORDS, stacklevel=5)
-                raise
-            with payload:
-                runtime = _core.Loader(options, order=order, starts=starts, spawn_argv=worker_argv(),
-                                       spawn_fds=payload.fds, spawn_env=worker_env())
-        else:
-            with forking():
-                runtime = _core.Loader(options, order=order, starts=starts,
-                                       worker_main=forked_worker(partial(body, **kwargs)))
-        warn_if_shrunk(runtime, stacklevel=4)
-        return runtime
+        """Workers are new interpreters ('spawn' or 'forkserver')."""
+        return self._start_method() != "fork"
 
     def _decoder(self) -> Callable[[Any], Any]:
-        """Batch -> batch: tensors over the slot (or the unpickled batch), pinned when asked and possible."""
-        decode = batch_decoder(BatchReader(convert=torch.from_numpy, tuples_as_lists=True))
+        """Batch -> batch: tensors over the slot (or the batch pickled in parts, its tensors over the
+        slot too), pinned when asked and possible."""
+        arrays = BatchReader(convert=torch.from_numpy, tuples_as_lists=True)
+
+        def decode(lease: Any) -> Any:
+            return arrays.read(lease) if lease.kind == "arrays" else load_pickled(lease)
+
         if self._torch.pin_memory and torch.cuda.is_available():
             from torch.utils.data._utils.pin_memory import pin_memory
             return lambda lease: pin_memory(decode(lease))
@@ -307,7 +266,7 @@ class DataLoader(HasStats, Generic[_T_co]):
         # DataPipe is re-seeded with the epoch's shared seed, as torch's
         # _ResumeIteration does.
         shared_seed = _draw(loader.generator) if isinstance(loader.dataset, IterDataPipe) else None
-        if self.persistent_workers and self._stream_epochs > 0:
+        if self._torch.persistent_workers and self._stream_epochs > 0:
             base_seed = self._base_seed
         else:
             base_seed = self._base_seed = _draw(loader.generator)
@@ -321,28 +280,23 @@ class DataLoader(HasStats, Generic[_T_co]):
             setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
-            options = _core.LoaderOptions()
-            options.round_robin = True
-            options.num_workers = loader.num_workers
-            options.batch_capacity = n
-            options.prefetch_factor = loader.prefetch_factor
-            options.in_order = loader.in_order
-            options.timeout = loader.timeout
-            runtime = self._runtime_for(
-                run_stream_worker, dict(dataset=loader.dataset, transport=transport, setup=setup, batch_size=n,
-                                        drop_last=loader.drop_last,
-                                        restart=partial(_reseed_stream, dataset=loader.dataset)),
-                options, order=np.empty(0, np.int64))
-            if self.persistent_workers:
+            spec = StartSpec(num_workers=loader.num_workers, round_robin=True, batch_capacity=n,
+                             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+                             timeout=loader.timeout, start_method=self._start_method())
+            body = partial(run_stream_worker, dataset=loader.dataset, transport=transport, setup=setup,
+                           batch_size=n, drop_last=loader.drop_last,
+                           restart=partial(_reseed_stream, dataset=loader.dataset))
+            runtime = start_runtime(spec, body, order=np.empty(0, np.int64), stacklevel=7)
+            if self._torch.persistent_workers:
                 self._keep(runtime)
             return runtime
 
         runtime, _ = reset_or_restart(
-            self._runtime if self.persistent_workers else None,
+            self._runtime if self._torch.persistent_workers else None,
             lambda kept: kept.reset_streams(messages=[pickle.dumps(shared_seed)] * kept.plan.num_workers), start,
             close=self.close, failures=(Exception,))
         decode = self._decoder()
-        if not self.persistent_workers:
+        if not self._torch.persistent_workers:
             return _TorchIterator(runtime, decode, owns=True, stream_len=stream_len, dataset=loader.dataset,
                                   stats=self._stats_book())
         self._persistent_epoch += 1
@@ -361,13 +315,159 @@ class DataLoader(HasStats, Generic[_T_co]):
         self._runtime = self._close_on_drop = None
 
 
-# torch's words when its worker Process arguments do not pickle (its iterator warns, then re-raises).
-_PICKLE_ERROR_WORDS = (
-    "Got pickle error when attempting to start a worker Process. "
-    "This might be because the worker Process arguments are not picklable. "
-    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
-    "to 'forkserver', which requires the worker Process arguments to be picklable. "
-    "You can also try multiprocessing.set_start_method('fork').")
+class DataLoader(_Engine, _TorchDataLoader[_T_co]):
+    """``torch.utils.data.DataLoader`` with spindle's workers: a subclass, so every ``isinstance``
+    check of a framework passes, with torch's signature, defaults and attributes, so a framework
+    that re-creates it from them (Lightning's distributed sampler injection) gets a spindle
+    loader back.
+
+    Generic like torch's (``DataLoader[list[torch.Tensor]]`` in annotations).
+
+    Beyond torch's arguments, keyword-only and off by default (then nothing
+    differs from torch): ``shard="auto"`` or ``shard=(rank, world_size)``
+    loads this rank's part of a map-style dataset, exactly as
+    ``sampler=DistributedSampler(dataset, world_size, rank, shuffle=shuffle,
+    seed=shard_seed, drop_last=shard_drop_last)`` would, with ``set_epoch``
+    called for each epoch (docs/distributed.md). These are kept as attributes
+    of the same names, so a re-creation from the attributes keeps them."""
+
+    _peer: Any = _TorchDataLoader  # the class whose __init__ validates the arguments and builds the samplers
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Optional[Callable[[list], Any]] = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
+                 generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
+                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0,
+                 **peer_options: Any) -> None:
+        self._shard = resolve_shard(shard)
+        if self._shard is not None:
+            sampler, shuffle = _shard_sampler(self._shard, dataset, shuffle, sampler, batch_sampler,
+                                              shard_seed, shard_drop_last), None
+        # torch validates every argument and builds the samplers; its workers never start.
+        self._peer.__init__(
+            self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory,
+            drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
+        _check_counts(self)
+        self.shard, self.shard_drop_last, self.shard_seed = shard, shard_drop_last, shard_seed
+        self._init_engine()
+
+    @property
+    def _torch(self) -> Any:
+        return self
+
+    def __iter__(self) -> Any:
+        if self.num_workers == 0:
+            return self._peer.__iter__(self)  # single process: torch's own loop is what spindle would do
+        return self._spindle_epoch()
+
+    def _get_iterator(self) -> Any:
+        # What torch's __iter__ would build; spindle's __iter__ above never calls it.
+        if self.num_workers == 0:
+            return self._peer._get_iterator(self)
+        return self._spindle_epoch()
+
+
+class _Served(_Engine):
+    """The engine of a torch loader that is not a spindle.torch.DataLoader (after install())."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._init_engine()
+
+    @property
+    def _torch(self) -> Any:
+        return self._loader
+
+
+# torch's own iterator, also when SPINDLE_TORCH=1 put a stand-in in its place first (_autoinstall).
+_TorchMultiProcessingIter = getattr(_torch_dataloader._MultiProcessingDataLoaderIter, "_torch_iterator",
+                                    _torch_dataloader._MultiProcessingDataLoaderIter)
+
+
+class _InstalledIterator:
+    """What torch's DataLoader builds for ``num_workers > 0`` once :func:`install` ran (torch's
+    ``_get_iterator`` names ``_MultiProcessingDataLoaderIter``): an epoch on spindle's workers,
+    or torch's own iterator, with one warning naming why, for a loader spindle cannot serve.
+    torch keeps it across epochs for persistent workers and calls ``_reset`` at each new one."""
+
+    def __new__(cls, loader: Any) -> Any:
+        reason = _cannot_serve(loader)
+        if reason is not None:
+            if reason not in _warned_fallbacks:
+                _warned_fallbacks.add(reason)
+                warnings.warn(f"spindle.torch.install(): this DataLoader runs on torch's workers: {reason}",
+                              stacklevel=3)
+            return _TorchMultiProcessingIter(loader)
+        return super().__new__(cls)
+
+    def __init__(self, loader: Any) -> None:
+        self._engine = _Served(loader)
+        self._epoch = self._engine._spindle_epoch()
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._epoch = self._engine._spindle_epoch()
+
+    def __iter__(self) -> "_InstalledIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._epoch)
+
+    def __len__(self) -> int:
+        return len(self._engine._torch)
+
+    @property
+    def _workers(self) -> Any:
+        return getattr(self._epoch, "_workers", [])
+
+    def _shutdown_workers(self) -> None:
+        close = getattr(self._epoch, "close", None)
+        if close is not None:
+            close()
+        self._engine.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The loader's statistics on spindle's workers (as spindle.torch.DataLoader.stats())."""
+        return self._engine.stats()
+
+
+_warned_fallbacks: set[str] = set()
+
+
+def _cannot_serve(loader: Any) -> Optional[str]:
+    """Why spindle's workers cannot stand in for torch's for `loader`, or None."""
+    import torch.distributed as dist
+
+    if isinstance(loader.dataset, IterDataPipe) and dist.is_available() and dist.is_initialized():
+        return ("an IterDataPipe in a distributed job shares its shuffle seed over the process group "
+                "(torch's _share_dist_seed), which spindle's iterator does not do")
+    return None
+
+
+def install() -> None:
+    """Every ``torch.utils.data.DataLoader`` in this process with ``num_workers > 0`` runs on
+    spindle's workers: torch's own class, the subclasses frameworks define (accelerate's
+    ``DataLoaderShard``/``SkipDataLoader``) and the loaders HF's Trainer builds. The hook is
+    torch's multi-process iterator (what ``DataLoader._get_iterator`` builds), so arguments,
+    samplers, ``len()`` and the batch order stay torch's. ``SPINDLE_TORCH=1`` in the environment
+    does the same for a program you do not edit. :func:`uninstall` restores torch's workers.
+    Loaders whose class builds its own iterator (torchdata's StatefulDataLoader) are untouched."""
+    _torch_dataloader._MultiProcessingDataLoaderIter = _InstalledIterator
+
+
+def uninstall() -> None:
+    """torch's own workers again for every DataLoader iterated from now on."""
+    _torch_dataloader._MultiProcessingDataLoaderIter = _TorchMultiProcessingIter
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _torch_dataloader._MultiProcessingDataLoaderIter is _InstalledIterator
 
 
 def _check_counts(loader: Any) -> None:
@@ -382,16 +482,25 @@ def _check_counts(loader: Any) -> None:
 def _shard_sampler(shard: Any, dataset: Any, shuffle: Optional[bool], sampler: Any, batch_sampler: Any,
                    seed: int, drop_last: bool) -> Any:
     """The DistributedSampler that `shard` stands for; refuses what it cannot shard."""
-    from torch.utils.data.distributed import DistributedSampler
-
     if isinstance(dataset, IterableDataset):
         raise ValueError("spindle: shard= needs a map-style dataset; an IterableDataset shards itself "
                          "(e.g. with torch.distributed.get_rank() and get_world_size() in its __iter__)")
     if sampler is not None or batch_sampler is not None:
         raise ValueError("spindle: shard= builds the sampler (a DistributedSampler) and cannot be combined with "
                          "sampler= or batch_sampler=; pass your own DistributedSampler as sampler= instead")
-    return DistributedSampler(dataset, num_replicas=shard.world_size, rank=shard.rank, shuffle=bool(shuffle),
-                              seed=seed, drop_last=drop_last)
+    return _ShardSampler(dataset, num_replicas=shard.world_size, rank=shard.rank, shuffle=bool(shuffle),
+                         seed=seed, drop_last=drop_last)
+
+
+class _ShardSampler(DistributedSampler):
+    """shard='s DistributedSampler: the loader sets its epoch at each iter() unless someone else
+    called set_epoch since the last one (`told`)."""
+
+    told = False
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.told = True
 
 
 class _TorchIterator(EpochIterator):
@@ -500,6 +609,79 @@ class _Batches:
     def capacity(self) -> int:
         """The most samples in one batch."""
         return int(np.diff(self.starts).max())
+
+
+class _Feed:
+    """The rest of an epoch drawn as torch's iterator draws it: one batch from the index sampler for
+    each batch handed out (or failed), fed to the runtime (``Loader.feed``), and the end of the
+    sampler passed on (``Loader.end_feed``)."""
+
+    def __init__(self, sampler_iter: Any, auto_collation: bool, capacity: int, ended: bool) -> None:
+        self._sampler_iter = sampler_iter
+        self._auto_collation = auto_collation
+        self.capacity = capacity
+        self._ended = ended
+        self._runtime: Optional[_core.Loader] = None
+
+    @classmethod
+    def first(cls, loader: Any, sampler_iter: Any) -> tuple[_Batches, Optional["_Feed"]]:
+        """The batches torch's iterator draws before its first ``next()`` (prefetch_factor per
+        worker), and the feed of the rest; no feed when those keys are not all integers (the
+        rest is then drawn now, for the workers' table of keys, _ByPosition) or when torch's
+        batch size does not bound the batches (a batch sampler of another kind: drawn now)."""
+        index = loader._index_sampler
+        if not loader._auto_collation:
+            capacity = 1
+        elif isinstance(index, BatchSampler) and isinstance(index.batch_size, int):
+            capacity = index.batch_size
+        else:
+            return _Batches.read(loader, sampler_iter), None
+        drawn, ended = [], False
+        for _ in range(loader.prefetch_factor * loader.num_workers):
+            try:
+                drawn.append(next(sampler_iter))
+            except StopIteration:
+                ended = True
+                break
+        batches = [list(b) for b in drawn] if loader._auto_collation else [[i] for i in drawn]
+        keys = [i for b in batches for i in b]
+        order = _integer_order(keys)
+        if order is None or any(len(b) > capacity for b in batches):
+            if not ended:
+                batches += [list(b) if loader._auto_collation else [b] for b in sampler_iter]
+            keys = [i for b in batches for i in b]
+            starts = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
+            return _Batches(keys, starts, _integer_order(keys)), None
+        starts = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
+        return _Batches(order, starts, order), cls(sampler_iter, loader._auto_collation, capacity, ended)
+
+    def bind(self, runtime: _core.Loader) -> Callable[[], None]:
+        """Starts feeding `runtime` (this epoch's): the one to call after each batch."""
+        self._runtime = runtime
+        if self._ended:
+            runtime.end_feed()
+        return self.one
+
+    def one(self) -> None:
+        """Draws the next batch and feeds it, or ends the feed when the sampler is done."""
+        if self._ended or self._runtime is None or self._runtime.closed:
+            return
+        try:
+            batch = next(self._sampler_iter)
+        except StopIteration:
+            self._ended = True
+            self._runtime.end_feed()
+            return
+        keys = list(batch) if self._auto_collation else [batch]
+        order = _integer_order(keys)
+        if order is None or len(order) > self.capacity:
+            self._ended = True
+            self._runtime.end_feed()
+            raise TypeError(f"spindle: the sampler gave the batch {keys!r} after batches of at most "
+                            f"{self.capacity} integer indices; spindle.torch feeds its workers batches of "
+                            "integer indices of at most the batch size (non-integer keys work when every "
+                            "key of the epoch is one)")
+        self._runtime.feed(order=order, starts=np.array([0, len(order)], dtype=np.int64))
 
 
 class _ByPosition:

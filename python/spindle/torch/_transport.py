@@ -1,9 +1,13 @@
-"""spindle.torch's transport (runs in the workers): torch batches into ring slots."""
+"""spindle.torch's transport: torch batches into ring slots (in the workers), and back (in the consumer)."""
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
 
 from .._runtime.layout import Columns, SampleStructureError, SlotWriter
 from .._runtime.worker import read_stream_kept
@@ -62,4 +66,54 @@ class CollatedBatches:
                     columns = None
                 if columns is not None and writer.write_columns(ctx, item, columns):
                     return  # else more fields than a slot's descriptor holds: collated and pickled
-        ctx.put_bytes(item, pickle.dumps(self._collate(samples), protocol=pickle.HIGHEST_PROTOCOL))
+        put_pickled(ctx, item, self._collate(samples))
+
+
+# Buffers smaller than this stay inside the pickle stream: a part of its own costs more than it saves.
+_IN_BAND_BYTES = 1024
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5 with torch's CPU tensors reduced to out-of-band buffers, as numpy arrays already are
+    (torch's own reduction copies a tensor's storage into the stream)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor and obj.layout == torch.strided and obj.device.type == "cpu" \
+                and not obj.is_quantized and not obj.is_nested:
+            dense = obj.detach().resolve_conj().resolve_neg().contiguous()
+            raw = dense.reshape(-1).view(torch.uint8).numpy()
+            return _tensor_from_part, (pickle.PickleBuffer(raw), str(dense.dtype)[len("torch."):],
+                                       tuple(dense.shape), obj.requires_grad)
+        return NotImplemented
+
+
+def put_pickled(ctx: Any, item: Any, obj: Any) -> None:
+    """Writes `obj` into the item's slot as parts (payload_parts.hpp): the pickle stream, then each
+    array's and tensor's bytes, copied once, so the consumer gets them back as views of the slot."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < _IN_BAND_BYTES:
+            return True
+        buffers.append(buffer)
+        return False
+
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=5, buffer_callback=out_of_band).dump(obj)
+    head = stream.getbuffer()
+    raws = [b.raw() for b in buffers]
+    parts = ctx.begin_parts(item, [head.nbytes] + [r.nbytes for r in raws])
+    parts[0][:] = np.frombuffer(head, np.uint8)
+    for part, raw in zip(parts[1:], raws):
+        part[:] = np.frombuffer(raw, np.uint8)
+
+
+def load_pickled(lease: Any) -> Any:
+    """The object put_pickled wrote, its arrays and tensors viewing the slot (they keep it leased)."""
+    parts = lease.parts()
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def _tensor_from_part(part: Any, dtype: str, shape: tuple, requires_grad: bool) -> torch.Tensor:
+    tensor = torch.from_numpy(np.asarray(part, dtype=np.uint8)).view(getattr(torch, dtype)).reshape(shape)
+    return tensor.requires_grad_() if requires_grad else tensor

@@ -27,7 +27,10 @@ def _peer_class() -> Any:
     return peer
 
 
-class StatefulDataLoader(DataLoader):
+_PEER = _peer_class()
+
+
+class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
     """``torchdata.stateful_dataloader.StatefulDataLoader`` with spindle's workers.
 
         from spindle.torch import StatefulDataLoader   # was: from torchdata.stateful_dataloader import ...
@@ -59,8 +62,10 @@ class StatefulDataLoader(DataLoader):
     own, and so is the state (with its tensors encoded for JSON).
     """
 
+    _peer = _PEER
+
     def __init__(self, *args: Any, snapshot_every_n_steps: Optional[int] = 1, **kwargs: Any) -> None:
-        object.__setattr__(self, "_peer", _peer_class())
+
         # The state is computed in the consumer at any step: snapshot_every_n_steps is taken
         # (and validated by torchdata) but changes nothing.
         super().__init__(*args, snapshot_every_n_steps=snapshot_every_n_steps, **kwargs)
@@ -77,7 +82,7 @@ class StatefulDataLoader(DataLoader):
         """Where the loader stands (JSON-able, versioned); the class text says what resumes where."""
         loader = self._torch
         if loader.num_workers == 0:
-            return new_state(_FORMAT, torchdata=_to_json(loader.state_dict()))
+            return new_state(_FORMAT, torchdata=_to_json(_PEER.state_dict(self)))
         if self._resume is not None:
             return self._resume
         position = self._position
@@ -111,7 +116,7 @@ class StatefulDataLoader(DataLoader):
             if "torchdata" not in state:
                 raise ValueError("spindle: this state was saved with num_workers > 0; a loader with num_workers=0 "
                                  "runs torchdata's own loop and reads only its states. Resume with num_workers >= 1.")
-            loader.load_state_dict(_from_json(state["torchdata"]))
+            _PEER.load_state_dict(self, _from_json(state["torchdata"]))
             return
         if any(isinstance(s, dict) and "torchdata" in s for s in states):
             raise ValueError("spindle: this state was saved with num_workers=0 (torchdata's own loop); resume it "
@@ -199,7 +204,7 @@ class StatefulDataLoader(DataLoader):
     # --- hooks of spindle.torch.DataLoader ------------------------------
     def __iter__(self) -> Any:
         if self._torch.num_workers == 0:
-            return iter(self._torch)
+            return _PEER.__iter__(self)
         resume = self._resume
         self._epoch_cell.set(self._epochs_begun)  # read by persistent workers' per-sample seeds
         default_now = None
@@ -217,11 +222,14 @@ class StatefulDataLoader(DataLoader):
                 self._skip = int(resume["batches"])
                 self._resume = None
         try:
-            it = super().__iter__()
+            it = self._spindle_epoch()
         finally:
             if default_now is not None:
                 torch.default_generator.set_state(default_now)
         return it
+
+    def _draws_lazily(self) -> bool:
+        return False  # an epoch's draws are replayed in one go (resuming skips a prefix of them)
 
     def _draws_as_persistent(self, reuse: bool) -> bool:
         # A replayed epoch draws as the epoch it replays did: a persistent loader's later epochs

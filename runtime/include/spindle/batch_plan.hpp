@@ -22,6 +22,9 @@ class BatchPlan {
   // unless `drop_last`.
   static BatchPlan chunked(std::vector<int64_t> order, std::size_t batch_size, bool drop_last = false);
 
+  // Adds `more`'s batches after this plan's (a plan fed as the consumer draws it).
+  void append(const BatchPlan& more);
+
   std::size_t size() const noexcept { return starts_.empty() ? 0 : starts_.size() - 1; }
   std::span<const int64_t> batch(std::size_t b) const noexcept {
     return {indices_.data() + starts_[b], starts_[b + 1] - starts_[b]};

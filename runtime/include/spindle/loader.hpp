@@ -51,8 +51,15 @@ struct LoaderOptions {
   bool round_robin = false;
   // Planned batches: batch k always goes to worker k mod N (as torch assigns
   // them), so per-worker state such as random streams sees the same batches
-  // run after run. Off: the first free worker takes the next batch.
+  // run after run; with in_order false, to the next worker in turn that has
+  // fewer than prefetch_factor batches outstanding (torch's rule out of
+  // order). Off: the first free worker takes the next batch.
   bool assign_in_turn = false;
+  // Planned batches that the consumer feeds as it goes (Loader::feed), the
+  // way torch's iterator draws its sampler: the plan given at construction
+  // or reset() is only the first batches, and next() ends once end_feed()
+  // was called and every batch fed is delivered.
+  bool fed = false;
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
@@ -173,6 +180,13 @@ class Loader {
   // taken back, those being filled are waited for; both are discarded.
   // Throws like next() if the loader failed.
   void reset(BatchPlan batches);
+  // Fed loaders (LoaderOptions::fed): batches after those posted so far,
+  // and the end of the epoch's batches. next() on a fed loader whose batches
+  // are all delivered and whose feed has not ended throws std::logic_error
+  // (it would wait forever). Both throw std::logic_error on a loader that is
+  // not fed or whose feed has ended, and like next() if the loader failed.
+  void feed(BatchPlan more);
+  void end_feed();
   // Round-robin loaders: starts a new epoch of every worker's stream on the
   // same workers (nothing is forked). Items of the old epoch not yet claimed
   // are taken back, those being filled are waited for; both are discarded.
@@ -250,7 +264,10 @@ class Loader {
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream
   std::vector<std::string> messages_;  // round-robin: each worker's start message for its new stream
-  uint32_t next_worker_ = 0;        // round-robin: who gets the next batch
+  uint32_t next_worker_ = 0;        // round-robin, and assigned out of order: who is asked next
+  std::vector<uint32_t> outstanding_;  // per worker: batches posted to its queue and not yet delivered
+  std::vector<int32_t> assigned_;      // per slot: the worker queue its batch was posted to (-1: shared)
+  bool feed_ended_ = false;          // fed: end_feed() was called this epoch
   std::size_t next_post_ = 0;
   std::size_t delivered_ = 0;
   uint32_t inflight_target_ = 0;

@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include <spindle/launcher.hpp>
+#include <spindle/loader.hpp>
 #include <spindle/ops/image_ops.hpp>
 #include <spindle/shard_stream.hpp>
 #include <spindle/slot_layout.hpp>
@@ -147,5 +149,30 @@ WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, 
 // sample gets the same augmentation whichever worker or mode reads it; the
 // batch order depends on the worker count, as with any sharded stream.
 WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
+
+// Where a pipeline's workers run: forked processes, or the arena's threads in
+// this process (the same bytes either way).
+enum class PipelineMode { kProcesses, kThreads };
+
+// One epoch of a pipeline: the samples in the order they are read (ignored by
+// a stream, which reads its shards), cut into batches of the loader's
+// batch_capacity, and what its random draws come from.
+struct PipelineEpoch {
+  std::vector<int64_t> order;
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  bool drop_last = false;
+};
+
+// A Loader running `pipe` over one epoch, with `options` as the caller set
+// them (workers, batch_capacity as the batch size, prefetch, timeout, budget)
+// and the three fields the pipeline decides: round_robin (a stream: batch k
+// from worker k mod N until every worker's shards end), slot_bytes (every
+// batch has the layout's size: reserved up front) and max_skip_ratio
+// (PipelineOptions::max_skip_ratio when on_error is kSkip, so next() throws
+// SkipRatioError past it; else no check). `hooks` run around each fork
+// (kProcesses; an embedding runtime's fork protocol).
+std::unique_ptr<Loader> make_pipeline_loader(std::shared_ptr<const Pipeline> pipe, PipelineEpoch epoch,
+                                             LoaderOptions options, PipelineMode mode, ForkHooks hooks = {});
 
 }  // namespace spindle
