@@ -287,3 +287,31 @@ def test_out_of_order_delivery_assigns_batches_to_workers_as_torch_does(in_order
     assert sorted(ours) == list(range(10))
     assert ours == torchs
     assert (ours == list(range(10))) == in_order
+
+
+class Wrapped(torch.utils.data.Sampler):
+    """A batch sampler holding another (as accelerate's BatchSamplerShard and SkipBatchSampler do)."""
+
+    def __init__(self, batch_sampler):
+        self.batch_sampler = batch_sampler
+
+    def __iter__(self):
+        return iter(self.batch_sampler)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+
+def test_a_loader_a_framework_rebuilds_from_a_spindle_loader_stays_on_spindles_workers():
+    """Proves: without install(), a torch DataLoader built over a spindle loader's batch sampler (wrapped, as
+    accelerate's prepare() and skip_first_batches build theirs) loads on spindle's workers, while a torch
+    loader over the same dataset with samplers of its own still loads on torch's."""
+    ours = DataLoader(WhoLoads(), batch_size=4, num_workers=2)
+    rebuilt = TorchLoader(ours.dataset, batch_sampler=Wrapped(ours.batch_sampler), num_workers=2)
+    indices, workers = indices_and_workers(rebuilt)
+    assert indices == list(range(24))
+    assert workers == {"SpindleWorker-1", "SpindleWorker-2"}, workers
+    plain = TorchLoader(ours.dataset, batch_size=4, num_workers=2)
+    indices, workers = indices_and_workers(plain)
+    assert indices == list(range(24))
+    assert not any(w.startswith("SpindleWorker-") for w in workers), workers

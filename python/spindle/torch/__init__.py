@@ -38,6 +38,7 @@ import operator
 import pickle
 import random
 import warnings
+import weakref
 from functools import partial
 from typing import Any, Callable, Optional, TypeVar
 
@@ -355,6 +356,7 @@ class DataLoader(_Engine, _TorchDataLoader[_T_co]):
         _check_counts(self)
         self.shard, self.shard_drop_last, self.shard_seed = shard, shard_drop_last, shard_seed
         self._init_engine()
+        _adopt(self, sampler is not None, batch_sampler is not None)
 
     @property
     def _torch(self) -> Any:
@@ -396,6 +398,8 @@ class _InstalledIterator:
     torch keeps it across epochs for persistent workers and calls ``_reset`` at each new one."""
 
     def __new__(cls, loader: Any) -> Any:
+        if not _hook.everywhere and not _adopted(loader):
+            return _TorchMultiProcessingIter(loader)
         reason = _cannot_serve(loader)
         if reason is not None:
             if reason not in _warned_fallbacks:
@@ -449,6 +453,60 @@ def _cannot_serve(loader: Any) -> Optional[str]:
     return None
 
 
+class _Hook:
+    """Whom the iterator in torch's place serves: every torch loader (install()), or only those a
+    framework rebuilt from a spindle.torch.DataLoader's attributes (`adopted`: the samplers torch
+    made for spindle loaders, and their datasets)."""
+
+    everywhere = False
+    adopted: dict[int, Any] = {}  # id(object) -> a weak reference to it, or the object itself
+
+
+_hook = _Hook()
+
+
+def _remember(thing: Any) -> None:
+    key = id(thing)
+    if thing is None or key in _hook.adopted:
+        return
+    try:
+        _hook.adopted[key] = weakref.ref(thing, lambda _, key=key, table=_hook.adopted: table.pop(key, None))
+    except TypeError:  # a list, a tuple: kept while this process lives
+        _hook.adopted[key] = thing
+
+
+def _is_remembered(thing: Any) -> bool:
+    held = _hook.adopted.get(id(thing))
+    return held is not None and (held() if isinstance(held, weakref.ref) else held) is thing
+
+
+def _adopt(loader: "DataLoader", sampler_given: bool, batch_sampler_given: bool) -> None:
+    """A loader that a framework rebuilds from `loader`'s attributes stays on spindle's workers: accelerate's
+    prepare() makes its own torch DataLoader whose batch sampler wraps this one's (BatchSamplerShard,
+    SkipBatchSampler), or whose dataset wraps this one's (IterableDatasetShard). The samplers torch made
+    for this loader (never a user's object, which another loader may share) and the dataset are
+    remembered, and torch's iterator is replaced; it serves every other loader as torch's own."""
+    if not batch_sampler_given:
+        _remember(loader.batch_sampler)
+        if not sampler_given:
+            _remember(loader.sampler)
+    _remember(loader.dataset)
+    _torch_dataloader._MultiProcessingDataLoaderIter = _InstalledIterator
+
+
+def _adopted(loader: Any) -> bool:
+    """`loader` (a torch loader that is not spindle's) was rebuilt from a spindle loader: its samplers
+    lead to one a spindle loader's torch made (through `batch_sampler` and `sampler` attributes, as
+    accelerate's wrappers hold them), or its dataset is a stream wrapping a spindle loader's."""
+    frontier = [loader.batch_sampler, loader.sampler]
+    for _ in range(3):
+        if any(_is_remembered(s) for s in frontier if s is not None):
+            return True
+        frontier = [getattr(s, name, None) for s in frontier for name in ("batch_sampler", "sampler")]
+    inner = getattr(loader.dataset, "dataset", None) if isinstance(loader.dataset, IterableDataset) else None
+    return inner is not None and _is_remembered(inner)
+
+
 def install() -> None:
     """Every ``torch.utils.data.DataLoader`` in this process with ``num_workers > 0`` runs on
     spindle's workers: torch's own class, the subclasses frameworks define (accelerate's
@@ -456,18 +514,24 @@ def install() -> None:
     torch's multi-process iterator (what ``DataLoader._get_iterator`` builds), so arguments,
     samplers, ``len()`` and the batch order stay torch's. ``SPINDLE_TORCH=1`` in the environment
     does the same for a program you do not edit. :func:`uninstall` restores torch's workers.
-    Loaders whose class builds its own iterator (torchdata's StatefulDataLoader) are untouched."""
+    Loaders whose class builds its own iterator (torchdata's StatefulDataLoader) are untouched.
+
+    Without it, a loader that a framework rebuilds from a spindle.torch.DataLoader's attributes
+    (accelerate's ``prepare()``) already stays on spindle's workers: it runs over a dataset a
+    spindle loader was given."""
+    _hook.everywhere = True
     _torch_dataloader._MultiProcessingDataLoaderIter = _InstalledIterator
 
 
 def uninstall() -> None:
-    """torch's own workers again for every DataLoader iterated from now on."""
-    _torch_dataloader._MultiProcessingDataLoaderIter = _TorchMultiProcessingIter
+    """torch's own workers again for every DataLoader iterated from now on (but those rebuilt from a
+    spindle.torch.DataLoader)."""
+    _hook.everywhere = False
 
 
 def installed() -> bool:
     """Whether :func:`install` is in effect."""
-    return _torch_dataloader._MultiProcessingDataLoaderIter is _InstalledIterator
+    return _hook.everywhere and _torch_dataloader._MultiProcessingDataLoaderIter is _InstalledIterator
 
 
 def _check_counts(loader: Any) -> None:
@@ -632,8 +696,8 @@ class _Feed:
         index = loader._index_sampler
         if not loader._auto_collation:
             capacity = 1
-        elif isinstance(index, BatchSampler) and isinstance(index.batch_size, int):
-            capacity = index.batch_size
+        elif isinstance(index, BatchSampler) and isinstance(getattr(index, "batch_size", None), int):
+            capacity = index.batch_size  # (accelerate's SkipBatchSampler is a BatchSampler without one)
         else:
             return _Batches.read(loader, sampler_iter), None
         drawn, ended = [], False
