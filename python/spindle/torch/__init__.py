@@ -799,8 +799,38 @@ def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dat
         id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
     if isinstance(dataset, (IterDataPipe, MapDataPipe)):  # torch's _sharding_worker_init_fn, one process group
         apply_sharding(dataset, num_workers, worker_id)
+    _collate_into_private_memory()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+
+
+def _collate_into_private_memory() -> None:
+    """In a worker, torch's default_collate stacks tensors into a new torch shared-memory segment
+    per batch (it checks get_worker_info()), which torch's pipe then passes on. spindle copies the
+    batch into its slot instead, so that segment is pure cost: the stack runs as outside a worker.
+    And a batch's tensors (often tens of MiB) are allocated from the heap, not by a fresh mmap whose
+    pages fault in again for every batch (glibc's threshold for that stops at 32 MiB)."""
+    from torch.utils.data._utils import collate as _collate
+
+    torch_fn = _collate.collate_tensor_fn
+
+    def collate_tensor_fn(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        info, _torch_worker._worker_info = _torch_worker._worker_info, None
+        try:
+            return torch_fn(batch, collate_fn_map=collate_fn_map)
+        finally:
+            _torch_worker._worker_info = info
+
+    if _collate.default_collate_fn_map.get(torch.Tensor) is torch_fn:
+        _collate.default_collate_fn_map[torch.Tensor] = collate_tensor_fn
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def __getattr__(name: str) -> Any:
