@@ -214,6 +214,16 @@ def grain_jax() -> str:
                         ("numpy", "grain", "jax"))
 
 
+def collate() -> str:
+    d = load("collate.json")
+    keys = ["spindle.torch samples/s", "torch samples/s", "spindle / torch", "spindle / spindle with None"]
+    rows = [[f"`{r['collate_fn']}`", rate(r[keys[0]]), rate(r[keys[1]]), ratio(r[keys[2]]), ratio(r[keys[3]])]
+            for r in d["table"]]
+    body = table(["collate_fn", "spindle.torch samples/s", "torch samples/s", "vs torch",
+                  "vs spindle.torch with `None`"], rows)
+    return with_command("python bench/python/collate_bench.py", d["machine"], body)
+
+
 def ops() -> str:
     d = load("ops.json")
     rows = [[k, f"{v:,.0f}"] for k, v in d["samples_per_cpu_second"].items()]
@@ -254,6 +264,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "captions": captions,
     "streaming": streaming,
     "mix": mix,
+    "collate": collate,
     "ops": ops,
     "reseed": reseed,
     "soak": soak,
