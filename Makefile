@@ -13,11 +13,14 @@ APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-de
 	python3-dev python3-venv python3-numpy util-linux procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev libcurl4-openssl-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
+# FRAMEWORK_PACKAGES (pyproject's `frameworks` extra): the training frameworks of
+# tests/python/test_frameworks.py; none of them moves torch off 2.13.0.
+FRAMEWORK_PACKAGES := pytorch-lightning==2.6.* accelerate==1.15.* transformers==5.24.*
 PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout ninja cmake torch==2.13.0 jax grain threadpoolctl pillow \
-	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client
+	matplotlib tqdm torchdata==0.11.* pdoc hypothesis datasets prometheus-client $(FRAMEWORK_PACKAGES)
 JOBS ?= 2
 
-.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch \
+.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch peer-frameworks \
 	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke
 
 # The newcomer's first minute: build and install, generate a small ImageNet-like folder
@@ -103,6 +106,17 @@ peer-torch: install-py
 	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
 	$(PIP) install -q expecttest
 	START_METHOD=$(PEER_START_METHOD) tests/peers/torch/run.sh $(abspath $(PY)) $(TORCH_TEST_FILE) $(PEER_MODE)
+
+# The training frameworks' own tests of dataloader handling (tests/peers/frameworks/tests.txt:
+# accelerate's and Lightning's, never in this repository: FRAMEWORK_TESTS=<dir> as
+# tests/peers/frameworks/prepare.sh exports them), each run stock and then with
+# spindle.torch.install() in every interpreter, in the same run; logs go to
+# build/peer-frameworks. Counts are in docs/torch_dropin.md.
+FRAMEWORK_MODES ?= stock patched
+peer-frameworks: install-py
+	@test -n "$(FRAMEWORK_TESTS)" || { echo "peer-frameworks: set FRAMEWORK_TESTS to the folder tests/peers/frameworks/prepare.sh filled" >&2; exit 2; }
+	$(PIP) install -q parameterized
+	tests/peers/frameworks/run_all.sh $(abspath $(PY)) $(FRAMEWORK_TESTS) build/peer-frameworks $(FRAMEWORK_MODES)
 
 # --- the API reference: HTML from the docstrings (pdoc) into build/docs, not committed ---
 docs: install-py
