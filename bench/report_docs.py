@@ -224,6 +224,21 @@ def collate() -> str:
     return with_command("python bench/python/collate_bench.py", d["machine"], body)
 
 
+def memory() -> str:
+    d = load("memory.json")
+    rows = [[r["dataset"], r["workers"], r["loader"], f"{r['consumer_pss_mib']:.0f}", f"{r['peak_tree_pss_mib']:.0f}",
+             ratio(r["ratio"]), f"{r['worker_uss_mib']:.1f}"] for r in d["memory"]]
+    body = table(["dataset", "workers", "loader", "consumer MiB", "peak tree MiB", "ratio", "worker USS MiB"], rows)
+    return with_command(d["command"], d["machine"], body)
+
+
+def memory_spawn() -> str:
+    d = load("memory.json")
+    rows = [[r["loader"], f"{r['first_batch_s']:.1f} s"] for r in d["spawn"]]
+    first = d["spawn"][0]
+    return table([f"loader ({first['samples']:,} paths, {first['workers']} workers, spawn)", "first batch"], rows)
+
+
 def ops() -> str:
     d = load("ops.json")
     rows = [[k, f"{v:,.0f}"] for k, v in d["samples_per_cpu_second"].items()]
@@ -265,6 +280,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "streaming": streaming,
     "mix": mix,
     "collate": collate,
+    "memory": memory,
+    "memory-spawn": memory_spawn,
     "ops": ops,
     "reseed": reseed,
     "soak": soak,

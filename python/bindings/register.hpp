@@ -17,4 +17,6 @@ void register_sources(pybind11::module_& m);
 void register_ops(pybind11::module_& m);
 void register_pipeline(pybind11::module_& m);
 void register_procfs(pybind11::module_& m);
+// SharedSegment, SegmentView (spindle.shared's storage).
+void register_shared(pybind11::module_& m);
 }  // namespace spindle::python

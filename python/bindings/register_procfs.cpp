@@ -45,6 +45,26 @@ void register_procfs(py::module_& m) {
       },
       py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
       "/proc/<pid>/status parsed; None if the process is gone. OSError if it cannot be read.");
+  py::class_<procfs::MemoryRollup>(m, "MemoryRollup",
+                                   "A process's memory from /proc/<pid>/smaps_rollup, in bytes.")
+      .def_readonly("rss", &procfs::MemoryRollup::rss, "Resident pages, shared ones counted whole.")
+      .def_readonly("pss", &procfs::MemoryRollup::pss, "Resident pages, each shared one split among its mappers.")
+      .def_readonly("uss", &procfs::MemoryRollup::uss,
+                    "Private pages (Private_Clean + Private_Dirty): what this process alone pays.")
+      .def_readonly("swap", &procfs::MemoryRollup::swap, "Swapped-out pages.")
+      .def("__repr__", [](const procfs::MemoryRollup& r) {
+        return "MemoryRollup(rss=" + std::to_string(r.rss) + ", pss=" + std::to_string(r.pss) +
+               ", uss=" + std::to_string(r.uss) + ", swap=" + std::to_string(r.swap) + ")";
+      });
+  m.def(
+      "process_memory",
+      [](int pid, const std::string& proc_root) {
+        py::gil_scoped_release release;
+        return procfs::read_memory(pid, proc_root);
+      },
+      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "/proc/<pid>/smaps_rollup parsed (rss, pss, uss, swap in bytes); None if the process is gone or has "
+      "released its memory. OSError if it cannot be read.");
   m.def(
       "process_ids",
       [](const std::string& proc_root) {

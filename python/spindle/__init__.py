@@ -3,7 +3,8 @@
 `spindle.torch.DataLoader` (imported on demand, it needs torch) is the drop-in for
 torch.utils.data.DataLoader. `spindle.limit_threads(n)` caps the thread pools of the
 other runtimes in the consumer; `spindle doctor` (or `python -m spindle doctor`) shows
-the task limits and which pools use them.
+the task limits and which pools use them. `spindle.shared(obj)` stores a list or dict of
+plain values once in shared memory, for every worker to read without copying it.
 
 `import spindle` loads neither numpy nor any thread-pool runtime (`DataLoader` is
 imported on first use), so that `spindle.limit_threads(n)` can run before numpy's
@@ -31,6 +32,7 @@ from .errors import (
 )
 
 from .limits import RuntimeLimit, ThreadLimitReport, limit_threads
+from ._runtime.shared import SharedDict, SharedList, shared
 
 __all__ = [
     "DataLoader",
@@ -42,6 +44,9 @@ __all__ = [
     "ThreadPlan",
     "count_process_threads",
     "limit_threads",
+    "shared",
+    "SharedList",
+    "SharedDict",
     "ThreadLimitReport",
     "RuntimeLimit",
     "errors",

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'ShardOptions', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_ids', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'reserve_stopping', 'resize', 'rgb_to_grayscale']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -884,6 +884,67 @@ class ProcessStatus:
         """
         Threads:
         """
+class MemoryRollup:
+    """
+    A process's memory from /proc/<pid>/smaps_rollup, in bytes.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def pss(self) -> int:
+        """
+        Resident pages, each shared one split among its mappers.
+        """
+    @property
+    def rss(self) -> int:
+        """
+        Resident pages, shared ones counted whole.
+        """
+    @property
+    def swap(self) -> int:
+        """
+        Swapped-out pages.
+        """
+    @property
+    def uss(self) -> int:
+        """
+        Private pages (Private_Clean + Private_Dirty): what this process alone pays.
+        """
+class SharedSegment:
+    """
+    A shared memory segment without a name (unlinked at creation: nothing is left in /dev/shm whatever ends the process), written once, then sealed read-only. Forked processes inherit its mapping; others map it from its descriptor (SegmentView).
+    """
+    def __init__(self, bytes: typing.SupportsInt | typing.SupportsIndex, what: str) -> None:
+        """
+        A segment of `bytes`, backed now; SharedMemoryError (naming `what`) if /dev/shm is too full.
+        """
+    def seal(self) -> None:
+        """
+        Makes the mapping read-only here and in every process forked later. Buffers taken before stay writable in name only: a write through them faults.
+        """
+    @property
+    def fd(self) -> int:
+        """
+        Its descriptor (close-on-exec), to hand to a process that is not a fork.
+        """
+    @property
+    def sealed(self) -> bool:
+        ...
+    @property
+    def size(self) -> int:
+        ...
+class SegmentView:
+    """
+    A read-only mapping of a whole segment, from a descriptor of it (kept duplicated: the caller may close theirs).
+    """
+    def __init__(self, fd: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def fd(self) -> int:
+        ...
+    @property
+    def size(self) -> int:
+        ...
 def adjust_brightness(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], factor: typing.SupportsFloat | typing.SupportsIndex) -> numpy.ndarray:
     """
     torchvision adjust_brightness (tensor formula) of an (H, W, 3) copy.
@@ -975,6 +1036,10 @@ def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing
 def process_ids(*, proc_root: str = '/proc') -> list[int]:
     """
     The pids listed in /proc (every process, kernel threads included), ascending.
+    """
+def process_memory(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> MemoryRollup | None:
+    """
+    /proc/<pid>/smaps_rollup parsed (rss, pss, uss, swap in bytes); None if the process is gone or has released its memory. OSError if it cannot be read.
     """
 def process_stat(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> ProcessStat | None:
     """

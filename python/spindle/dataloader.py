@@ -23,6 +23,7 @@ from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
+from ._runtime.sharing import check_share, share_for_workers
 from ._runtime.start import LOADER_DEFAULTS, StartSpec, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
@@ -142,6 +143,14 @@ class DataLoader(HasStats):
         shard_drop_last: with a shard, cut the order's tail so it divides by
             world_size (DistributedSampler's drop_last); False pads it by
             repeating its start, so every rank gets as many samples.
+        share: ``"auto"`` (default): when workers start, the dataset's large
+            attributes made of plain values (lists, tuples, dicts of str, bytes,
+            numbers, None; over 100k items or ~1 MiB), also those of wrapped
+            datasets, go to shared memory once (:func:`spindle.shared`), so the
+            workers read them without copying them; one INFO line (logger
+            "spindle") per conversion. Your dataset object is not changed: the
+            workers get a shallow copy. ``"off"``: the workers get the dataset
+            as it is (docs/shared_memory.md).
 
     ``state_dict()`` / ``load_state_dict()`` checkpoint the position in the
     epoch (a small JSON-able dict); a loader given a state yields exactly the
@@ -166,7 +175,8 @@ class DataLoader(HasStats):
                  prefetch_factor: int = LOADER_DEFAULTS.prefetch_factor, in_order: bool = True, max_threads: Optional[int] = None,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  persistent_workers: bool = False, max_batch_bytes: int = LOADER_DEFAULTS.max_batch_bytes,
-                 budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False) -> None:
+                 budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False,
+                 share: str = "auto") -> None:
         self.dataset = dataset
         _check_dataset(dataset)
         self.batch_size = _check_batch_size(batch_size)
@@ -192,6 +202,7 @@ class DataLoader(HasStats):
         self._epoch = 0
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
+        self.share = check_share(share)
         if seed is not None:
             self._entropy = int(seed)
         else:
@@ -298,7 +309,8 @@ class DataLoader(HasStats):
         return BatchSeeds(self._entropy, epoch, torch_imported()) if self.seed is not None else None
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        body = partial(run_worker, dataset=self.dataset, transport=ArrayBatches(self.batch_size),
+        body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share),
+                       transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
                        seed_batch=self._batch_seeds(self._epoch_cell))
         spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,

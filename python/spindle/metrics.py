@@ -18,7 +18,9 @@ Metrics (see docs/observability.md):
   (or ``reset_stats()``);
 - ``spindle_bytes_fetched_total``: bytes streamed from remote shards;
 - ``spindle_ring_ready_batches``: batches ready and not yet taken (a full ring: the consumer is
-  the bottleneck; an empty one: the workers are).
+  the bottleneck; an empty one: the workers are);
+- ``spindle_worker_private_bytes``: per running worker, its USS (private memory: what it alone
+  costs; docs/shared_memory.md).
 
 Importing ``spindle`` does not import this module or prometheus_client.
 """
@@ -70,6 +72,8 @@ class Collector(_PrometheusCollector):
                                  labels=["loader", "worker"])
         ready = GaugeMetricFamily("spindle_ring_ready_batches", "Batches ready in the ring, not yet taken",
                                   labels=["loader"])
+        private = GaugeMetricFamily("spindle_worker_private_bytes", "A running worker's private memory (USS)",
+                                    labels=["loader", "worker"])
         for name, loader in loaders:
             s = _stats_of(loader)
             batches.add_metric([name], s["batches"])
@@ -83,8 +87,10 @@ class Collector(_PrometheusCollector):
             elapsed = s["elapsed_s"]
             for w in s["workers"]:
                 busy.add_metric([name, str(w["worker"])], w["busy_s"] / elapsed if elapsed > 0 else 0.0)
+                if w.get("uss_bytes") is not None:
+                    private.add_metric([name, str(w["worker"])], w["uss_bytes"])
             ready.add_metric([name], s["ring_ready"])
-        yield from (batches, samples, skipped, fetched, wait, busy, ready)
+        yield from (batches, samples, skipped, fetched, wait, busy, ready, private)
 
 
 def _stats_of(loader: Any) -> dict[str, Any]:

@@ -191,6 +191,47 @@ std::optional<ProcessStatus> read_status(pid_t pid, const std::string& proc_root
   return parse_status(*text);
 }
 
+MemoryRollup parse_smaps_rollup(std::string_view text) {
+  MemoryRollup m;
+  bool rss = false, pss = false;
+  while (!text.empty()) {
+    const std::size_t end = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, end);
+    text.remove_prefix(std::min(end + 1, text.size()));
+    const std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;  // the first line names the address range
+    const std::string_view key = line.substr(0, colon);
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    uint64_t kb = 0;
+    const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), kb);
+    if (ec != std::errc())
+      SPINDLE_THROW(std::runtime_error, "spindle: a /proc/<pid>/smaps_rollup line that is not a number: \"" +
+                                            std::string(line.substr(0, 80)) + "\"");
+    const uint64_t bytes = kb * 1024;
+    if (key == "Rss") {
+      m.rss = bytes;
+      rss = true;
+    } else if (key == "Pss") {
+      m.pss = bytes;
+      pss = true;
+    } else if (key == "Private_Clean" || key == "Private_Dirty") {
+      m.uss += bytes;
+    } else if (key == "Swap") {
+      m.swap = bytes;
+    }
+  }
+  if (!rss || !pss) SPINDLE_THROW(std::runtime_error, "spindle: a /proc/<pid>/smaps_rollup without Rss: or Pss:");
+  return m;
+}
+
+std::optional<MemoryRollup> read_memory(pid_t pid, const std::string& proc_root) {
+  auto text = read_or_gone(proc_root + "/" + std::to_string(pid) + "/smaps_rollup");
+  // A process that has released its memory (exiting, a zombie) reads as an empty file.
+  if (!text || text->empty()) return std::nullopt;
+  return parse_smaps_rollup(*text);
+}
+
 std::vector<pid_t> process_ids(const std::string& proc_root) {
   std::vector<pid_t> out;
   DIR* dir = ::opendir(proc_root.c_str());

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -114,8 +115,41 @@ ShmSegment::ShmSegment(std::size_t bytes, const std::string& what, std::size_t r
   }
 }
 
+void ShmSegment::seal() const {
+  if (size_ != 0 && mprotect(data_, size_, PROT_READ) != 0)
+    SPINDLE_THROW_ERRNO("spindle: cannot make a shared memory segment read-only");
+}
+
 ShmSegment::~ShmSegment() {
   if (data_) munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+SegmentView::SegmentView(int fd) {
+  fd_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (fd_ < 0) SPINDLE_THROW_ERRNO("spindle: cannot keep the descriptor of a shared memory segment");
+  struct stat st {};
+  if (fstat(fd_, &st) != 0) {
+    const int e = errno;
+    close(fd_);
+    errno = e;
+    SPINDLE_THROW_ERRNO("spindle: cannot read the size of a shared memory segment");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ != 0) {
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      close(fd_);
+      errno = e;
+      SPINDLE_THROW_ERRNO("spindle: cannot map a shared memory segment of " + mib(size_) + " read-only");
+    }
+    data_ = static_cast<const std::byte*>(p);
+  }
+}
+
+SegmentView::~SegmentView() {
+  if (data_) munmap(const_cast<std::byte*>(data_), size_);
   if (fd_ >= 0) close(fd_);
 }
 

@@ -9,6 +9,7 @@ from .. import _core
 from .._budget.caps import ThreadWatchdog
 from ..errors import BatchFailedError
 from .failures import reraise as _worker_exception
+from .sharing import MemoryWatch
 from .stats import StatsBook
 
 # Where an epoch says that it copied batches out of the ring (INFO: silent unless asked for).
@@ -37,6 +38,7 @@ class EpochIterator:
         self._decode = decode
         self._reraise = reraise or _worker_exception  # a failed batch's report -> the exception to raise
         self._watchdog = ThreadWatchdog(lambda: list(runtime.worker_pids))
+        self._memory = MemoryWatch(lambda: list(runtime.worker_pids))
         self._owns = owns
         # Dropping an iterator that owns its runtime stops the workers, even while
         # something else (spindle.torch's `_workers` views) still holds the runtime.
@@ -74,6 +76,7 @@ class EpochIterator:
             self._stop()
             raise
         self._watchdog.poll()
+        self._memory.poll()
         if lease is None:
             if self._owns:
                 self.close()

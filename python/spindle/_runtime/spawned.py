@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import io
+import mmap
 import multiprocessing.context
 import multiprocessing.process
 import multiprocessing.spawn
@@ -48,9 +49,11 @@ def main() -> int:
     parser.add_argument("--worker", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args()
-    with os.fdopen(PAYLOAD_FD, "rb") as f:
-        # Every worker shares the one open file: read by position, not by its offset.
-        stream = io.BytesIO(os.pread(f.fileno(), os.fstat(f.fileno()).st_size, 0))
+    # Every worker maps the one payload the consumer wrote (shipped once, not a pickle per worker
+    # through a pipe) and unpickles from the mapping: no private copy of its bytes, and the file's
+    # offset, shared by all the workers, is never used.
+    stream = mmap.mmap(PAYLOAD_FD, 0, prot=mmap.PROT_READ)
+    os.close(PAYLOAD_FD)
     current = multiprocessing.process.current_process()
     # As multiprocessing's spawn._main: while the main script is re-imported and
     # the payload unpickled, this process is bootstrapping, so a script without
@@ -75,6 +78,7 @@ def main() -> int:
         body, kwargs = pickle.load(stream)
     finally:
         del current._inheriting  # type: ignore[attr-defined]
+        stream.close()
     from .. import _core
 
     attached = _core.AttachedWorker(SEGMENT_FD, args.worker, args.parent)

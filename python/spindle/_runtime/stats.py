@@ -11,6 +11,7 @@ import threading
 from typing import Any, Optional
 
 from .. import _core
+from .sharing import worker_memory
 
 __all__ = ["StatsBook", "HasStats"]
 
@@ -43,10 +44,18 @@ class StatsBook:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             if self._current is None:
-                return self._past.to_dict()
-            now = self._current.stats()
-            now.merge(self._past)
-            return now.to_dict()
+                out = self._past.to_dict()
+            else:
+                now = self._current.stats()
+                now.merge(self._past)
+                out = now.to_dict()
+        for worker in out["workers"]:
+            # What each worker pays alone (its private pages, /proc/<pid>/smaps_rollup): a dataset of
+            # Python objects that the workers copy shows here (docs/shared_memory.md); None: not running.
+            memory = worker_memory(worker.get("pid", 0))
+            worker["uss_bytes"] = None if memory is None else memory.uss
+            worker["pss_bytes"] = None if memory is None else memory.pss
+        return out
 
     def reset(self) -> None:
         with self._lock:
@@ -71,7 +80,9 @@ class HasStats:
         ``wait_p50_ms``/``wait_p95_ms``/``wait_max_ms`` (per batch), ``elapsed_s``, the ring now
         (``ring_slots``, ``ring_ready``, ``ring_in_flight``, ``ring_leased``), ``bytes_fetched``
         (URL shards), ``copied_out``, and ``workers``: per worker ``busy_s``, ``samples``,
-        ``bytes_fetched`` and what it is doing now (``batch``, ``sample``, ``busy_for_s``; -1: idle).
+        ``bytes_fetched``, what it is doing now (``batch``, ``sample``, ``busy_for_s``; -1: idle) and its
+        memory now: ``uss_bytes`` (private: what this worker alone costs) and ``pss_bytes`` (its share of
+        the shared pages too); None once it has exited.
         See docs/observability.md."""
         return self._stats_book().snapshot()
 

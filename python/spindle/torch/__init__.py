@@ -62,6 +62,7 @@ from .._runtime.epoch import EpochIterator
 from .._runtime.stats import HasStats
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
+from .._runtime.sharing import check_share, share_for_workers
 from .._runtime.start import StartSpec, start as start_runtime, start_method_of
 from .._runtime.worker import run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
@@ -81,6 +82,7 @@ class _Engine(HasStats):
     this holds the persistent runtime and the draws that persistent workers keep."""
 
     _shard: Any = None
+    _share: str = "auto"  # share_for_workers: large plain attributes of the dataset go to shared memory
 
     def _init_engine(self) -> None:
         self._epochs_begun = 0  # iter() calls: the epoch number of a shard's DistributedSampler
@@ -165,7 +167,7 @@ class _Engine(HasStats):
         batches, base_seed = self._resume_batches(batches, base_seed)
         if not len(batches):
             return iter(())
-        dataset = loader.dataset
+        dataset = shared = _for_workers(loader.dataset, self._share)
         order, starts = batches.order, batches.starts
         if order is None:
             # A sampler yielding lists, slices, strings... (bulk loading with
@@ -173,7 +175,7 @@ class _Engine(HasStats):
             # each one up in this epoch's table. Workers keep the table they
             # were started with, so this epoch gets its own workers.
             order = np.arange(len(batches.keys), dtype=np.int64)
-            dataset = _ByPosition(loader.dataset, batches.keys)
+            dataset = _ByPosition(shared, batches.keys)
             if reuse:
                 self.close()
                 reuse = False
@@ -183,7 +185,7 @@ class _Engine(HasStats):
             # outgrown slots, last epoch's table, or a runtime fed otherwise
             self.close()
             reuse = False
-        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+        setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                         worker_init_fn=loader.worker_init_fn)
         if not reuse:
             self._capacity = capacity
@@ -278,15 +280,16 @@ class _Engine(HasStats):
 
         def start() -> _core.Loader:
             n = loader.batch_size if loader._auto_collation else 1
-            setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=loader.dataset,
+            shared = _for_workers(loader.dataset, self._share)
+            setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
             spec = StartSpec(num_workers=loader.num_workers, round_robin=True, batch_capacity=n,
                              prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
                              timeout=loader.timeout, start_method=self._start_method())
-            body = partial(run_stream_worker, dataset=loader.dataset, transport=transport, setup=setup,
+            body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
-                           restart=partial(_reseed_stream, dataset=loader.dataset))
+                           restart=partial(_reseed_stream, dataset=shared))
             runtime = start_runtime(spec, body, order=np.empty(0, np.int64), stacklevel=7)
             if self._torch.persistent_workers:
                 self._keep(runtime)
@@ -330,7 +333,16 @@ class DataLoader(_Engine, _TorchDataLoader[_T_co]):
     ``sampler=DistributedSampler(dataset, world_size, rank, shuffle=shuffle,
     seed=shard_seed, drop_last=shard_drop_last)`` would, with ``set_epoch``
     called for each epoch (docs/distributed.md). These are kept as attributes
-    of the same names, so a re-creation from the attributes keeps them."""
+    of the same names, so a re-creation from the attributes keeps them.
+
+    ``share="auto"`` (keyword-only too, but on by default; ``"off"`` gives the
+    workers the dataset as torch does): when workers start, the dataset's large
+    attributes made of plain values (lists, tuples, dicts of str, bytes,
+    numbers, None), also those of wrapped datasets (``Subset``,
+    ``ConcatDataset``), go to shared memory once (:func:`spindle.shared`), so
+    the workers read them without each copying them; your dataset object is
+    not changed (the workers get a shallow copy). One INFO line on logger
+    "spindle" per conversion (docs/shared_memory.md)."""
 
     _peer: Any = _TorchDataLoader  # the class whose __init__ validates the arguments and builds the samplers
 
@@ -341,9 +353,10 @@ class DataLoader(_Engine, _TorchDataLoader[_T_co]):
                  worker_init_fn: Optional[Callable[[int], None]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
-                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0,
+                 shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0, share: str = "auto",
                  **peer_options: Any) -> None:
         self._shard = resolve_shard(shard)
+        self._share = check_share(share)
         if self._shard is not None:
             sampler, shuffle = _shard_sampler(self._shard, dataset, shuffle, sampler, batch_sampler,
                                               shard_seed, shard_drop_last), None
@@ -354,7 +367,7 @@ class DataLoader(_Engine, _TorchDataLoader[_T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, **peer_options)
         _check_counts(self)
-        self.shard, self.shard_drop_last, self.shard_seed = shard, shard_drop_last, shard_seed
+        self.shard, self.shard_drop_last, self.shard_seed, self.share = shard, shard_drop_last, shard_seed, share
         self._init_engine()
         _adopt(self, sampler is not None, batch_sampler is not None)
 
@@ -764,6 +777,12 @@ class _ByPosition:
         if name == "__getitems__" and hasattr(self.dataset, "__getitems__"):
             return lambda positions: self.dataset.__getitems__([self.keys[p] for p in positions])
         raise AttributeError(name)
+
+
+def _for_workers(dataset: Any, share: str) -> Any:
+    """The dataset the workers get (share="auto": its large plain attributes shared); a DataPipe graph
+    as it is (torch's graph functions find its nodes by traversal, which a copy would split)."""
+    return dataset if isinstance(dataset, (IterDataPipe, MapDataPipe)) else share_for_workers(dataset, share)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:

@@ -60,6 +60,28 @@ ProcessStatus parse_status(std::string_view text);
 // std::system_error on any other read failure.
 std::optional<ProcessStatus> read_status(pid_t pid, const std::string& proc_root = kProcRoot);
 
+// A process's memory as /proc/<pid>/smaps_rollup sums it over its mappings, in
+// bytes (the file says kB). uss is what the process alone pays: its private
+// pages (Private_Clean + Private_Dirty), which copy-on-write turns a forked
+// worker's reads of Python objects into; pss splits each shared page among
+// the processes that map it, so the pss of a process tree adds up to its
+// memory.
+struct MemoryRollup {
+  uint64_t rss = 0;
+  uint64_t pss = 0;
+  uint64_t uss = 0;
+  uint64_t swap = 0;
+};
+
+// Parses the text of a smaps_rollup file. Throws std::runtime_error if it has
+// no "Rss:" or "Pss:" line.
+MemoryRollup parse_smaps_rollup(std::string_view text);
+
+// /proc/<pid>/smaps_rollup parsed (Linux 4.14+); nullopt if the process is
+// gone. Throws std::system_error on any other read failure (EACCES for another
+// user's process).
+std::optional<MemoryRollup> read_memory(pid_t pid, const std::string& proc_root = kProcRoot);
+
 // The pids listed in /proc (every process, kernel threads included), ascending.
 std::vector<pid_t> process_ids(const std::string& proc_root = kProcRoot);
 

@@ -37,6 +37,11 @@ class ShmSegment {
   // The same for any mapping `base` of the segment open as `fd` (a worker's).
   static void reserve(int fd, std::byte* base, std::size_t offset, std::size_t bytes, const std::string& what);
 
+  // Makes this process's mapping read-only (and that of every process forked
+  // after): for data written once and then only read (spindle.shared), so a
+  // stray write faults instead of changing what every worker reads.
+  void seal() const;
+
   static constexpr std::size_t kAll = static_cast<std::size_t>(-1);
 
   // Removes names left by dead owners; returns how many it removed.
@@ -46,6 +51,28 @@ class ShmSegment {
 
  private:
   std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  int fd_ = -1;
+};
+
+// A read-only mapping of a whole segment that another process created, from a
+// descriptor of it: one handed over to a spawned process, or one reopened through
+// /proc/<pid>/fd/<n> (spindle.shared's containers). Keeps its own duplicate of
+// the descriptor, so the caller may close theirs; the segment lives while any
+// process maps or holds it open, and has no name to leak.
+class SegmentView {
+ public:
+  explicit SegmentView(int fd);
+  ~SegmentView();
+  SegmentView(const SegmentView&) = delete;
+  SegmentView& operator=(const SegmentView&) = delete;
+
+  const std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  int fd() const noexcept { return fd_; }
+
+ private:
+  const std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   int fd_ = -1;
 };
