@@ -139,6 +139,9 @@ void register_loader(py::module_& m) {
       .def_readwrite("fed", &LoaderOptions::fed,
                      "Planned batches fed as the consumer draws them (Loader.feed, Loader.end_feed), as torch's "
                      "iterator draws its sampler.")
+      .def_readwrite("logical_workers", &LoaderOptions::logical_workers,
+                     "Round-robin and assign_in_turn: the data stays num_workers' as asked when the budget starts "
+                     "fewer processes; logical worker l runs on process l mod P (WorkItem.stream).")
       .def_readwrite("first_worker", &LoaderOptions::first_worker, "Round-robin: the worker asked for batch 0.")
       .def_property(
           "budget_policy", [](const LoaderOptions& o) { return std::string(budget_policy_name(o.budget_policy)); },
@@ -276,6 +279,9 @@ void register_loader(py::module_& m) {
       .def_property_readonly("plan", &Loader::plan)
       .def_property_readonly("requested_workers", &Loader::requested_workers,
                              "Workers asked for (plan.num_workers may be fewer under budget_policy=\"shrink\").")
+      .def_property_readonly("num_logical_workers", &Loader::num_logical_workers,
+                             "Streams / batch turns the data is defined by (requested_workers with "
+                             "logical_workers, else plan.num_workers); reset_streams counts these.")
       .def_property_readonly("budget_note", &Loader::budget_note,
                              "One line with the numbers when the loader runs with fewer workers than asked, else ''.")
       .def_property_readonly("worker_pids", [](const Loader& l) { return l.worker_pids(); })

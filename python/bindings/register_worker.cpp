@@ -40,7 +40,10 @@ void register_worker(py::module_& m) {
                                return py::bytes(reinterpret_cast<const char*>(w.message.data()), w.message.size());
                              },
                              "With new_stream: the consumer's start message for this worker (b'' if none), "
-                             "copied out of the slot.");
+                             "copied out of the slot.")
+      .def_readonly("stream", &WorkItem::stream,
+                    "The logical worker this item is for (round-robin or assign_in_turn); -1 for a batch any "
+                    "worker may take.");
 
   py::class_<RoutedDataset>(m, "RoutedDataset",
                             "A map-style dataset whose element i is getters[sources[i]](indices[i]): spindle.mix's "
@@ -69,6 +72,9 @@ void register_worker(py::module_& m) {
   py::class_<WorkerContext>(m, "WorkerContext")
       .def_property_readonly("worker_id", &WorkerContext::worker_id)
       .def_property_readonly("num_workers", &WorkerContext::num_workers)
+      .def_property_readonly("logical_workers", &WorkerContext::logical_workers,
+                             "The workers the data is defined by (>= num_workers); this process serves those l "
+                             "with l % num_workers == worker_id.")
       .def("claim", &WorkerContext::claim, py::call_guard<py::gil_scoped_release>())
       .def("set_sample", &WorkerContext::set_sample, py::arg("index"))
       .def("begin_arrays",

@@ -163,6 +163,11 @@ class WorkItem:
     @property
     def slot(self) -> int:
         ...
+    @property
+    def stream(self) -> int:
+        """
+        The logical worker this item is for (round-robin or assign_in_turn); -1 for a batch any worker may take.
+        """
 class RoutedDataset:
     """
     A map-style dataset whose element i is getters[sources[i]](indices[i]): spindle.mix's schedule as the workers' row readers read it, without a Python call of the mix's own per sample. The arrays are viewed (buffer protocol), not copied.
@@ -258,6 +263,11 @@ class WorkerContext:
         """
     def set_sample(self, index: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    @property
+    def logical_workers(self) -> int:
+        """
+        The workers the data is defined by (>= num_workers); this process serves those l with l % num_workers == worker_id.
+        """
     @property
     def num_workers(self) -> int:
         ...
@@ -363,6 +373,14 @@ class LoaderOptions:
         """
     @in_order.setter
     def in_order(self, arg0: bool) -> None:
+        ...
+    @property
+    def logical_workers(self) -> bool:
+        """
+        Round-robin and assign_in_turn: the data stays num_workers' as asked when the budget starts fewer processes; logical worker l runs on process l mod P (WorkItem.stream).
+        """
+    @logical_workers.setter
+    def logical_workers(self, arg0: bool) -> None:
         ...
     @property
     def max_batch_bytes(self) -> int:
@@ -530,6 +548,11 @@ class Loader:
     @property
     def num_batches(self) -> int:
         ...
+    @property
+    def num_logical_workers(self) -> int:
+        """
+        Streams / batch turns the data is defined by (requested_workers with logical_workers, else plan.num_workers); reset_streams counts these.
+        """
     @property
     def num_slots(self) -> int:
         ...

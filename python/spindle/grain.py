@@ -41,14 +41,14 @@ from grain._src.python.dataset import dataset as _grain_dataset
 from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
 from . import _core
-from ._budget.policy import fixed_worker_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats, StatsBook
 from ._runtime.forking import call_in_fork
 from ._runtime.layout import BatchReader, SlotWriter
 from ._runtime.persistent import reset_or_restart
 from ._runtime.start import StartSpec, start
-from ._runtime.worker import batch_decoder, read_stream_kept, run_stream_worker
+from ._runtime.worker import (batch_decoder, current_logical_worker, read_stream_kept, run_stream_worker,
+                              serves_many_logical_workers)
 from .errors import WorkerDiedError
 
 __all__ = ["DataLoader", "mp_prefetch"]
@@ -173,11 +173,10 @@ class _PrefetchIterator(grain.DatasetIterator):
         # Arrays zero-copy, anything else pickled; slots grow to the largest element.
         body = partial(run_stream_worker, dataset=_WorkerSlice(), transport=ArrayElements(), setup=setup, batch_size=1,
                        drop_last=False, restart=_WorkerSlice.restart)
-        # Not "shrink": grain's per-worker slices and checkpoint state are tied to
-        # the worker count the user chose (as before the ledger: ThreadBudgetError
-        # when short).
-        spec = StartSpec(round_robin=True, first_worker=self._next_in_cycle, num_workers=n, batch_capacity=1,
-                         prefetch_factor=self._buffer_size, in_order=True, budget_policy=fixed_worker_policy())
+        # grain's slices and checkpoint state are per worker of the count the user chose: under a
+        # short budget those stay the data's (logical) workers, run by fewer processes.
+        spec = StartSpec(round_robin=True, logical_workers=True, first_worker=self._next_in_cycle, num_workers=n,
+                         batch_capacity=1, prefetch_factor=self._buffer_size, in_order=True)
         return start(spec, body, order=np.empty(0, np.int64))
 
     @property
@@ -248,21 +247,26 @@ class _PrefetchIterator(grain.DatasetIterator):
 
 
 class _WorkerSlice:
-    """In a worker: (worker id, iterator state, element) for each element of its slice."""
+    """In a worker: (worker id, iterator state, element) for each element of its slice. A
+    process may run several (logical) workers' slices under a short budget: each has its own
+    iterator, keyed by the logical worker."""
 
-    iterator: Any = None
-    worker_id = 0
-    initial_state: Any = None  # of the slice before its first element
+    iterators: dict[int, Any] = {}
+    initial_states: dict[int, Any] = {}  # of each slice before its first element
+    pristine: Any = None  # the pipeline unsliced, when this process runs several slices
 
     @staticmethod
     def restart(message: bytes) -> None:
         """A new stream (set_state, a repeat() epoch): the slice's iterator continues from the
         state the consumer sent, or from its beginning."""
+        worker = current_logical_worker()
         state = pickle.loads(message) if message else None
-        _WorkerSlice.iterator.set_state(copy.deepcopy(_WorkerSlice.initial_state) if state is None else state)
+        _WorkerSlice.iterators[worker].set_state(
+            copy.deepcopy(_WorkerSlice.initial_states[worker]) if state is None else state)
 
     def __iter__(self) -> Iterator[Any]:
-        it, worker = _WorkerSlice.iterator, _WorkerSlice.worker_id
+        worker = current_logical_worker()
+        it = _WorkerSlice.iterators[worker]
         while True:
             try:
                 element = next(it)
@@ -279,11 +283,17 @@ def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_s
     resume from `states[worker_id]` when given."""
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
+    if serves_many_logical_workers():
+        # Slicing mutates the dataset: each logical worker this process runs slices a copy of
+        # the pipeline as it was forked.
+        if _WorkerSlice.pristine is None:
+            _WorkerSlice.pristine = copy.deepcopy(ds)
+        ds = copy.deepcopy(_WorkerSlice.pristine)
     it = _worker_iterator(ds, num_workers, worker_id, sequential_slice, options)
-    _WorkerSlice.initial_state = it.get_state()
+    _WorkerSlice.initial_states[worker_id] = it.get_state()
     if states is not None and states[worker_id] is not None:
         it.set_state(copy.deepcopy(states[worker_id]))
-    _WorkerSlice.iterator, _WorkerSlice.worker_id = it, worker_id
+    _WorkerSlice.iterators[worker_id] = it
 
 
 def _worker_iterator(ds: Any, num_workers: int, worker: int, sequential_slice: bool, options: Any) -> Any:

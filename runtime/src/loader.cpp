@@ -120,6 +120,19 @@ void Loader::prepare(bool threads) {
   leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
+  const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
+  logical_ = static_cast<uint32_t>(logical ? requested_workers_ : plan_.num_workers);
+  if (logical && !budget_note_.empty()) {
+    // The ledger's "N workers asked, P started: <why>" said as what it means here:
+    // the data is still N workers', only fewer processes run them.
+    const std::string started = " started: ";
+    const auto at = budget_note_.find(started);
+    const std::string why = at == std::string::npos ? budget_note_ : budget_note_.substr(at + started.size());
+    budget_note_ = "spindle: " + std::to_string(requested_workers_) + " logical workers on " +
+                   std::to_string(plan_.num_workers) + " processes (" + why +
+                   ") The data is that of " + std::to_string(requested_workers_) +
+                   " workers; fewer processes only run it with less parallel CPU.";
+  }
   // The arena runs the sum of its live leases; this loader's is what its
   // ledger lease was granted: the plan's arena threads (within cpus - 1 for
   // the whole process) and, in threads mode, the workers, which are arena
@@ -131,10 +144,11 @@ void Loader::prepare(bool threads) {
   // Streams and fed plans: the length is not known up front.
   const std::size_t known = options.round_robin || options.fed ? want : batches_.size();
   inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
-  active_.assign(nw, true);
-  outstanding_.assign(nw, 0);
-  // Checked against the workers asked for; with fewer (kShrink) the turn wraps.
-  next_worker_ = static_cast<uint32_t>(options.first_worker % options.num_workers);
+  active_.assign(logical_, true);
+  outstanding_.assign(logical_, 0);
+  // Checked against the workers asked for; with fewer processes (kShrink) and
+  // no logical workers the turn wraps.
+  next_worker_ = static_cast<uint32_t>(options.first_worker) % logical_;
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
   RingGeometry g;
@@ -144,6 +158,7 @@ void Loader::prepare(bool threads) {
   g.slot_bytes = options.slot_bytes;
   g.slot_window = std::max(options.max_batch_bytes, options.slot_bytes);
   g.round_robin = options.round_robin || options.assign_in_turn;
+  g.logical_workers = logical_;
   const std::size_t bytes = BatchRing::bytes_for(g);
   const std::string what = "the batch ring (" + std::to_string(g.num_slots) + " slots)";
   // Sparse: the fixed part now, each slot's first bytes below, the rest as
@@ -242,7 +257,7 @@ void Loader::reset_streams(int first_worker, std::vector<std::string> messages) 
     SPINDLE_THROW(std::logic_error, "spindle: reset_streams() needs a round-robin (stream) loader; a loader of "
                                     "planned batches starts a new epoch with reset(batches)");
   if (!pool_ && !threads_) SPINDLE_THROW(std::logic_error, "spindle: reset_streams() on a closed Loader");
-  const auto nw = static_cast<std::size_t>(options_.num_workers);
+  const auto nw = static_cast<std::size_t>(logical_);
   if (first_worker < 0 || static_cast<std::size_t>(first_worker) >= nw)
     SPINDLE_THROW(std::invalid_argument, "spindle: reset_streams(first_worker=" + std::to_string(first_worker) +
                                              ") must name one of the " + std::to_string(nw) + " workers");
@@ -282,7 +297,8 @@ void Loader::start() {
 void Loader::post_more() {
   const BatchRing& r = ring_->ring;
   const uint32_t n = r.geometry().num_slots;
-  const auto nw = static_cast<uint32_t>(options_.num_workers);
+  const auto nw = logical_;  // turns go over the logical workers; l's items to process l mod P
+  const auto np = static_cast<uint32_t>(options_.num_workers);
   auto more = [&] {
     if (options_.round_robin) return std::find(active_.begin(), active_.end(), true) != active_.end();
     return next_post_ < batches_.size();
@@ -295,6 +311,7 @@ void Loader::post_more() {
     h.flags = 0;
     h.message_bytes = 0;
     uint32_t queue = 0;
+    int32_t stream = -1;
     if (options_.round_robin) {
       // Task k goes to the next worker whose stream has not ended, in turn.
       while (!active_[next_worker_]) next_worker_ = (next_worker_ + 1) % nw;
@@ -316,14 +333,14 @@ void Loader::post_more() {
         restart_[next_worker_] = false;
       }
       h.count = options_.batch_capacity;
-      queue = 1 + next_worker_;
+      stream = static_cast<int32_t>(next_worker_);
       next_worker_ = (next_worker_ + 1) % nw;
     } else {
       const auto idx = batches_.batch(next_post_);
       h.count = static_cast<uint32_t>(idx.size());
       std::copy(idx.begin(), idx.end(), r.indices(s));
       // Batch k to worker k mod N when assignment is fixed, else to whoever is free.
-      queue = options_.assign_in_turn ? 1 + static_cast<uint32_t>(next_post_ % nw) : 0;
+      if (options_.assign_in_turn) stream = static_cast<int32_t>(next_post_ % nw);
       if (options_.assign_in_turn && !options_.in_order) {
         // Out of order, torch gives the batch to the next worker in turn with fewer than
         // prefetch_factor batches outstanding: a slow worker is skipped and its own batches
@@ -335,9 +352,11 @@ void Loader::post_more() {
         }
         if (tried == nw) return;  // every worker has its share: wait for a delivery
         next_worker_ = (w + 1) % nw;
-        queue = 1 + w;
+        stream = static_cast<int32_t>(w);
       }
     }
+    if (stream >= 0) queue = 1 + static_cast<uint32_t>(stream) % np;
+    h.stream = stream;
     h.batch_id = static_cast<int64_t>(next_post_++);
     h.worker = -1;
     h.error_bytes = 0;
@@ -346,8 +365,8 @@ void Loader::post_more() {
     r.set_state(s, SlotState::kPosted);
     r.queue(queue).post(s);
     inflight_.push_back(s);
-    assigned_[s] = static_cast<int32_t>(queue) - 1;
-    if (queue > 0) ++outstanding_[queue - 1];
+    assigned_[s] = stream;
+    if (stream >= 0) ++outstanding_[static_cast<std::size_t>(stream)];
   }
 }
 
@@ -378,7 +397,8 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     if (assigned_[s] >= 0) --outstanding_[static_cast<std::size_t>(assigned_[s])];
     SlotHeader& done = r.slot(s);
     if (r.state(s) == SlotState::kReady && (done.flags & kSlotExhausted)) {
-      if (done.worker >= 0) active_[static_cast<std::size_t>(done.worker)] = false;
+      // The logical worker whose stream ended (posted with the item).
+      if (done.stream >= 0) active_[static_cast<std::size_t>(done.stream)] = false;
       r.set_state(s, SlotState::kFree);
       continue;
     }

@@ -144,7 +144,7 @@ std::optional<WorkItem> WorkerContext::claim() {
       if (ring_.header().stats) rec.busy_since_ns.store(monotonic_ns(), std::memory_order_relaxed);
       rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
       ring_.set_state(*s, SlotState::kFilling);
-      WorkItem item{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s), false, {}};
+      WorkItem item{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s), false, {}, h.stream};
       if (h.flags & kSlotNewStream) {
         item.new_stream = true;
         item.message = {ring_.payload(*s), std::min<std::size_t>(h.message_bytes, item.out.size())};

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -294,3 +295,142 @@ TEST(RoundRobinConcurrency, WorkerExitsAreReadableFromAnotherThreadWhileTheLoade
 }
 
 }  // namespace
+
+namespace {
+
+// This process budgets alone while it lives: the fake budget below is not
+// shared with the leases other loaders of the real uid hold on this machine.
+class LedgerOff {
+ public:
+  LedgerOff() { setenv("SPINDLE_LEDGER", "off", 1); }
+  ~LedgerOff() { unsetenv("SPINDLE_LEDGER"); }
+};
+
+// A budget of about `workers` processes for this loader (what this process's
+// other loaders hold may take some): no uid or cgroup limit from the machine
+// (a uid with no tasks, no cgroup), one CPU (no arena threads).
+spindle::LoaderOptions short_budget(spindle::LoaderOptions o, int workers) {
+  o.budget_sources.uid = 4242424;
+  o.budget_sources.nproc_limit = workers;
+  o.budget_sources.nproc_exempt = false;
+  o.budget_sources.cgroup_root = "/nonexistent";
+  o.budget_sources.cpus = 1;
+  o.budget_policy = spindle::BudgetPolicy::kShrink;
+  o.logical_workers = true;
+  return o;
+}
+
+// Logical worker l (WorkItem::stream) yields l + 1 batches, as stream_worker's
+// worker l does; a process keeps a count per logical worker it serves, and
+// writes into the second half of each sample which process it is.
+int logical_stream_worker(spindle::WorkerContext& ctx) {
+  std::vector<int> produced(static_cast<std::size_t>(ctx.logical_workers()), 0);
+  while (auto item = ctx.claim()) {
+    const int l = item->stream;
+    if (l < 0 || l % ctx.num_workers() != ctx.worker_id()) {
+      ctx.fail(*item, "item for logical worker " + std::to_string(l) + " reached process " +
+                          std::to_string(ctx.worker_id()));
+      continue;
+    }
+    int& done = produced[static_cast<std::size_t>(l)];
+    if (done > l) {
+      ctx.exhausted(*item);
+      continue;
+    }
+    const uint32_t count = done == l ? 2 : kCapacity;
+    auto* out = reinterpret_cast<int32_t*>(item->out.data());
+    for (uint32_t j = 0; j < count; ++j) out[j] = l * 100 + done * 10 + static_cast<int32_t>(j);
+    ctx.commit(*item, count);
+    ++done;
+  }
+  return 0;
+}
+
+std::vector<int32_t> firsts_of(spindle::Loader& loader, std::size_t limit = SIZE_MAX) {
+  std::vector<int32_t> firsts;
+  while (firsts.size() < limit) {
+    auto b = loader.next();
+    if (!b) break;
+    firsts.push_back(*reinterpret_cast<const int32_t*>(b->data().data()));
+  }
+  return firsts;
+}
+
+}  // namespace
+
+// Proves: with logical_workers, 8 streams asked under a budget of ~3 processes
+// stay 8 streams (logical l on process l mod P, each item naming its logical
+// worker), taken in the same turn, skipping ended streams, as 8 processes give
+// them; the budget note says "8 logical workers on P processes".
+TEST(LogicalWorkers, EightStreamsOnFewerProcessesGiveTheBatchesOfEightWorkers) {
+  for (int prefetch : {1, 3}) {
+    spindle::Loader full(options(8, prefetch), spindle::BatchPlan{}, spindle::Launcher::fork(logical_stream_worker));
+    ASSERT_EQ(full.plan().num_workers, 8);
+    const std::vector<int32_t> expected = firsts_of(full);
+    ASSERT_EQ(expected.size(), 36u);  // 1 + 2 + ... + 8
+    LedgerOff alone;
+    spindle::Loader shrunk(short_budget(options(8, prefetch), 3), spindle::BatchPlan{},
+                           spindle::Launcher::fork(logical_stream_worker));
+    const int processes = shrunk.plan().num_workers;
+    ASSERT_TRUE(processes >= 1 && processes < 8) << shrunk.budget_note();
+    EXPECT_EQ(shrunk.num_logical_workers(), 8);
+    EXPECT_NE(shrunk.budget_note().find("8 logical workers on " + std::to_string(processes) + " processes"),
+              std::string::npos)
+        << shrunk.budget_note();
+    EXPECT_EQ(firsts_of(shrunk), expected) << "prefetch " << prefetch;
+  }
+}
+
+// Proves: reset_streams counts logical workers: first_worker and the start
+// messages name logical workers 0..7 on fewer processes, and a stream restarted
+// in the middle of an epoch resumes at the logical worker asked.
+TEST(LogicalWorkers, ResetStreamsNamesLogicalWorkers) {
+  LedgerOff alone;
+  spindle::Loader loader(short_budget(options(8, 2), 3), spindle::BatchPlan{},
+                         spindle::Launcher::fork(logical_stream_worker));
+  ASSERT_LT(loader.plan().num_workers, 8);
+  firsts_of(loader, 5);
+  EXPECT_THROW(loader.reset_streams(8), std::invalid_argument);
+  EXPECT_THROW(loader.reset_streams(0, std::vector<std::string>(loader.plan().num_workers)), std::invalid_argument);
+  loader.reset_streams(6, std::vector<std::string>(8));
+  // The worker keeps its counts (no restart hook): logical 0..4 ended or moved
+  // on; the turn starts at logical 6.
+  const std::vector<int32_t> rest = firsts_of(loader, 2);
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0] / 100, 6);
+  EXPECT_EQ(rest[1] / 100, 7);
+}
+
+// Proves: with assign_in_turn and logical_workers, planned batch k is produced
+// for logical worker k mod 8 (WorkItem::stream) by process (k mod 8) mod P
+// under a budget of P < 8 processes.
+TEST(LogicalWorkers, AssignInTurnSendsBatchKToLogicalWorkerKMod8OnItsProcess) {
+  spindle::LoaderOptions o;
+  o.num_workers = 8;
+  o.batch_capacity = 2;
+  o.slot_bytes = 2 * sizeof(int32_t);
+  o.assign_in_turn = true;
+  std::vector<std::vector<int64_t>> plan;
+  for (int64_t b = 0; b < 40; ++b) plan.push_back({2 * b, 2 * b + 1});
+  LedgerOff alone;
+  auto who = [](spindle::WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      auto* out = reinterpret_cast<int32_t*>(item->out.data());
+      out[0] = item->stream;
+      out[1] = ctx.worker_id();
+      ctx.commit(*item);
+    }
+    return 0;
+  };
+  spindle::Loader loader(short_budget(o, 3), plan, spindle::Launcher::fork(who));
+  const int processes = loader.plan().num_workers;
+  ASSERT_LT(processes, 8);
+  int64_t k = 0;
+  while (auto b = loader.next()) {
+    const auto* out = reinterpret_cast<const int32_t*>(b->data().data());
+    EXPECT_EQ(out[0], k % 8) << "batch " << k;
+    EXPECT_EQ(out[1], (k % 8) % processes) << "batch " << k;
+    ++k;
+  }
+  EXPECT_EQ(k, 40);
+}

@@ -27,10 +27,3 @@ def warn_if_shrunk(runtime: Any, stacklevel: int) -> None:
     note = runtime.budget_note
     if note:
         warnings.warn(note, ThreadBudgetWarning, stacklevel=stacklevel + 1)
-
-
-def fixed_worker_policy() -> str:
-    """The policy of a loader whose worker count must not change (spindle.grain: per-worker slices and
-    checkpoints): "fail", or "wait" when $SPINDLE_BUDGET_POLICY says so (a sweep whose members may take
-    turns); "shrink" is never applied there."""
-    return "wait" if os.environ.get(ENV) == "wait" else "fail"

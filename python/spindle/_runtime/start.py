@@ -45,6 +45,9 @@ class StartSpec:
     """How a front end wants its runtime Loader started. Fields mirror ``_core.LoaderOptions``
     (same names, same defaults), plus:
 
+    - ``logical_workers``: with ``round_robin`` or ``assign_in_turn``, a short budget runs the
+      ``num_workers`` asked as logical workers on fewer processes (logical l on process l mod P):
+      the data (streams, batch turns, seeds, worker info) is that of ``num_workers`` workers.
     - ``budget_policy``: "shrink", "wait" or "fail"; None reads ``$SPINDLE_BUDGET_POLICY``
       (default "shrink") when the loader starts.
     - ``start_method``: "fork" (the default) or, for workers that must be new interpreters
@@ -59,6 +62,7 @@ class StartSpec:
     in_order: bool = _DEFAULTS.in_order
     assign_in_turn: bool = _DEFAULTS.assign_in_turn
     round_robin: bool = _DEFAULTS.round_robin
+    logical_workers: bool = _DEFAULTS.logical_workers
     fed: bool = _DEFAULTS.fed
     first_worker: int = _DEFAULTS.first_worker
     timeout: float = _DEFAULTS.timeout

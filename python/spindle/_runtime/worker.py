@@ -33,6 +33,100 @@ def seed_worker(seed: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+# The logical worker this process is running now (LogicalWorkers): front ends whose per-worker
+# state lives in module globals of their own (spindle.grain's slices) key it by this.
+_current_logical = 0
+
+
+_serves_many = False  # this process serves more than one logical worker
+
+
+def current_logical_worker() -> int:
+    """In a worker: the logical worker whose item this process is producing now."""
+    return _current_logical
+
+
+def serves_many_logical_workers() -> bool:
+    """In a worker: whether this process runs more than one logical worker (a short budget), so
+    per-worker objects a front end mutates (grain slices its dataset in place) need a copy each."""
+    return _serves_many
+
+
+class LogicalWorkers:
+    """A process's logical workers (``LoaderOptions.logical_workers``): when the budget started
+    fewer processes than the data's workers, process p serves logical workers p, p + P, ...
+    Each keeps its own random, numpy and torch generator states and torch's ``get_worker_info()``;
+    :meth:`switch` swaps them when the process turns to another logical worker's item, so each
+    logical worker draws exactly what it would in a process of its own.
+
+    With `dataset` and `pristine` (its attributes before any setup, :func:`attributes_of`), the
+    dataset's attributes are per logical worker too: a ``worker_init_fn`` that sets
+    ``get_worker_info().dataset.start`` (torch's documented way to split a stream) sets it for its
+    own logical worker. Attributes are swapped, not deep-copied: an object an attribute holds
+    and that setup mutates in place is still shared."""
+
+    def __init__(self, ctx: Any, dataset: Any = None, pristine: Optional[dict[str, Any]] = None) -> None:
+        global _current_logical
+        self.count = ctx.logical_workers
+        self.shared = self.count > ctx.num_workers  # more than one logical worker in this process
+        self.current = _current_logical = ctx.worker_id
+        self._saved: dict[int, tuple[Any, ...]] = {}
+        self._dataset = dataset if pristine is not None else None
+        self._pristine = pristine
+
+    def of(self, item: Any) -> int:
+        """The logical worker `item` is for (this process's own id when items are not addressed)."""
+        return item.stream if item.stream >= 0 else self.current
+
+    def switch(self, worker: int) -> bool:
+        """Makes `worker` current: saves the generators of the one running, restores `worker`'s.
+        True when `worker` runs here for the first time (the caller sets it up: seeds, init)."""
+        global _current_logical
+        if worker == self.current:
+            return False
+        self._saved[self.current] = (_global_states(), attributes_of(self._dataset))
+        self.current = _current_logical = worker
+        saved = self._saved.pop(worker, None)
+        if saved is None:
+            _set_attributes(self._dataset, self._pristine)
+            return True
+        _set_global_states(saved[0])
+        _set_attributes(self._dataset, saved[1])
+        return False
+
+
+def attributes_of(obj: Any) -> Optional[dict[str, Any]]:
+    """A shallow copy of `obj`'s instance attributes (None: no object, or none it can have)."""
+    attributes = getattr(obj, "__dict__", None) if obj is not None else None
+    return dict(attributes) if isinstance(attributes, dict) else None
+
+
+def _set_attributes(obj: Any, attributes: Optional[dict[str, Any]]) -> None:
+    if obj is not None and attributes is not None:
+        current = obj.__dict__
+        current.clear()
+        current.update(attributes)
+
+
+def _global_states() -> tuple[Any, ...]:
+    torch = sys.modules.get("torch")
+    info = sys.modules.get("torch.utils.data._utils.worker")
+    return (random.getstate(), np.random.get_state(),
+            torch.random.get_rng_state() if torch is not None and hasattr(torch, "random") else None,
+            getattr(info, "_worker_info", None) if info is not None else None)
+
+
+def _set_global_states(states: tuple[Any, ...]) -> None:
+    python, numpy, torch_state, worker_info = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    if torch_state is not None:
+        sys.modules["torch"].random.set_rng_state(torch_state)
+    info = sys.modules.get("torch.utils.data._utils.worker")
+    if info is not None:
+        info._worker_info = worker_info
+
+
 def read_stream_kept(ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
     """A stream's batch read as SlotWriter.read_stream returns it, every sample kept for write."""
     read, ended, error, _, _, rest = ctx.read_stream_rows(item, stream, first, count, position, None)
@@ -80,11 +174,14 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
     """
     # Ctrl-C reaches the whole process group; the consumer handles it and
     # closes us, so a worker must not die with its own traceback.
+    global _current_logical, _serves_many
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _current_logical = ctx.worker_id
+    _serves_many = ctx.logical_workers > ctx.num_workers
     _as_multiprocessing_child(ctx.worker_id)
     cap_worker_pools()  # before any user code can start a pool
     try:
-        setup(ctx.worker_id, ctx.num_workers)
+        setup(ctx.worker_id, ctx.logical_workers)  # this process's first logical worker is its own id
         return None
     except Exception as exc:
         exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
@@ -119,8 +216,24 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     # if this process dies.
     record = ctx.sample_record()
     read, write = transport.read, transport.write
+    # Batches in turn (assign_in_turn) under a short budget: batch k is logical worker k mod L's,
+    # with that worker's seeds and worker info, whichever process runs it.
+    logical = LogicalWorkers(ctx)
+    broken: dict[int, bytes] = {}  # logical workers whose setup failed: their packed error
     try:
         while (item := ctx.claim()) is not None:
+            if logical.shared:
+                worker_id = logical.of(item)
+                if logical.switch(worker_id):
+                    try:
+                        setup(worker_id, logical.count)
+                    except Exception as exc:
+                        exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn or the "
+                                     "dataset's setup), before any sample.")
+                        broken[worker_id] = pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
+                if worker_id in broken:
+                    ctx.fail(item, broken[worker_id])
+                    continue
             try:
                 if seed_batch is not None:
                     seed_batch(item.indices)
@@ -141,6 +254,16 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
     return 0
 
 
+class _Stream:
+    """One logical worker's stream in a stream worker: its iterator and where it is."""
+
+    def __init__(self, it: Optional[Iterator[Any]] = None, broken: Optional[bytes] = None) -> None:
+        self.it = it
+        self.position = 0  # samples read from the stream
+        self.ended = False
+        self.broken = broken  # the packed error of a failed start or restart
+
+
 def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int], None],
                       batch_size: int, drop_last: bool,
                       restart: Optional[Callable[[bytes], None]] = None) -> int:
@@ -148,56 +271,73 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
     `batch_size` samples from its own `iter(dataset)` (which may shard itself by
     worker id); once the stream ends, every item is answered "exhausted".
 
+    Under a short budget with logical workers, a process runs several logical workers' streams
+    (WorkItem.stream says whose item it is), each with its own setup, iterator, generators and
+    worker info (LogicalWorkers), in turn.
+
     An item with ``new_stream`` set (the consumer called ``Loader.reset_streams``)
     starts the stream again in this same process: ``restart(message)`` with the
     consumer's start message, then a new ``iter(dataset)``. Seeds and whatever
     `setup` (worker_init_fn) did are kept. If that fails, every item is answered
     with the error until the next new stream."""
-    streams: list[Iterator[Any]] = []
-    if (failure := _start(ctx, lambda w, n: (setup(w, n), streams.append(iter(dataset))))) is not None:
+    streams: dict[int, _Stream] = {}
+
+    def open_stream(worker: int, count: int) -> None:
+        setup(worker, count)
+        streams[worker] = _Stream(iter(dataset))
+
+    # The dataset's attributes as forked, before any logical worker's setup changed them.
+    pristine = attributes_of(dataset) if ctx.logical_workers > ctx.num_workers else None
+    if (failure := _start(ctx, open_stream)) is not None:
         return _answer_failed_start(ctx, failure)
-    stream = streams[0]
+    logical = LogicalWorkers(ctx, dataset, pristine)
     read_stream = transport.read_stream
-    worker_id = ctx.worker_id
     record = ctx.sample_record()
-    position = 0  # samples this worker has read from its stream
-    ended = False
-    broken: Optional[bytes] = None  # the packed error of a failed restart
     try:
         while (item := ctx.claim()) is not None:
+            worker_id = logical.of(item)
+            if logical.switch(worker_id):
+                try:
+                    open_stream(worker_id, logical.count)
+                except Exception as exc:
+                    exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn or the "
+                                 "dataset's setup), before any sample.")
+                    streams[worker_id] = _Stream(broken=pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES))
+            stream = streams[worker_id]
             if item.new_stream:
-                position, ended, broken = 0, False, None
+                stream.position, stream.ended, stream.broken = 0, False, None
                 try:
                     if restart is not None:
                         restart(item.message)
-                    stream = iter(dataset)
+                    stream.it = iter(dataset)
                 except Exception as exc:
                     exc.add_note(f"Raised while spindle worker {worker_id} started its stream again "
                                  "(a new epoch, or set_state).")
-                    broken = pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
-            if broken is not None:
-                ctx.fail(item, broken)
+                    stream.broken = pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
+            if stream.broken is not None:
+                ctx.fail(item, stream.broken)
                 continue
-            if ended:
+            if stream.ended:
                 ctx.exhausted(item)
                 continue
             try:
-                record[0] = position
+                record[0] = stream.position
                 try:
-                    first = next(stream)
+                    first = next(stream.it)
                 except StopIteration:
-                    ended = True
+                    stream.ended = True
                     ctx.exhausted(item)
                     continue
-                position += 1
+                stream.position += 1
                 # The rest of the batch is read (and copied as read) in one call.
-                count, ended, error, left = read_stream(ctx, item, stream, first, batch_size, position - 1)
+                count, stream.ended, error, left = read_stream(ctx, item, stream.it, first, batch_size,
+                                                               stream.position - 1)
                 del first
-                position += count - 1
+                stream.position += count - 1
                 if error is not None:
                     raise error
                 if drop_last and count < batch_size:
-                    ended = True
+                    stream.ended = True
                     ctx.exhausted(item)
                     continue
                 if left is not None:
@@ -205,7 +345,7 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
                     del left
                 ctx.commit(item, count)
             except Exception as exc:
-                index = getattr(exc, "sample_index", position)
+                index = getattr(exc, "sample_index", stream.position)
                 ctx.fail(item, pack_exception(exc, index, worker_id, MIN_SLOT_BYTES))
     finally:
         sys.stdout.flush()

@@ -199,9 +199,10 @@ class _Engine(HasStats):
             # Batches go to workers as torch sends them: in order, batch k to worker
             # k mod N; out of order, to the next worker in turn with room (a slow
             # worker is skipped, and the batches it has wait for it).
+            # Under a short budget the num_workers asked stay the batches' turns (logical workers).
             spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
-                             fed=fed, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
-                             timeout=loader.timeout, start_method=self._start_method())
+                             logical_workers=True, fed=fed, prefetch_factor=loader.prefetch_factor,
+                             in_order=loader.in_order, timeout=loader.timeout, start_method=self._start_method())
             body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
             # The warnings point at the user's iter(loader).
             runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
@@ -284,8 +285,11 @@ class _Engine(HasStats):
             setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
-            spec = StartSpec(num_workers=loader.num_workers, round_robin=True, batch_capacity=n,
-                             prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
+            # Under a short budget the num_workers asked stay the streams (logical workers); not for a
+            # DataPipe, whose sharding is set in place on the one dataset object a process iterates.
+            logical = not isinstance(loader.dataset, IterDataPipe)
+            spec = StartSpec(num_workers=loader.num_workers, round_robin=True, logical_workers=logical,
+                             batch_capacity=n, prefetch_factor=loader.prefetch_factor, in_order=loader.in_order,
                              timeout=loader.timeout, start_method=self._start_method())
             body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
@@ -297,7 +301,7 @@ class _Engine(HasStats):
 
         runtime, _ = reset_or_restart(
             self._runtime if self._torch.persistent_workers else None,
-            lambda kept: kept.reset_streams(messages=[pickle.dumps(shared_seed)] * kept.plan.num_workers), start,
+            lambda kept: kept.reset_streams(messages=[pickle.dumps(shared_seed)] * kept.num_logical_workers), start,
             close=self.close, failures=(Exception,))
         decode = self._decoder()
         if not self._torch.persistent_workers:

@@ -60,6 +60,15 @@ struct LoaderOptions {
   // or reset() is only the first batches, and next() ends once end_feed()
   // was called and every batch fed is delivered.
   bool fed = false;
+  // Round-robin and assign_in_turn: the data stays defined by num_workers as
+  // asked even when the budget starts fewer processes (kShrink). Logical
+  // worker l (its stream, or batches k with k mod num_workers == l) is served
+  // by process l mod P; items carry l (WorkItem::stream) and the turn goes
+  // over the logical workers, so the elements and their order are those of
+  // num_workers processes. Off: fewer processes mean fewer streams/turns.
+  // The worker body must then run each logical worker's stream in turn
+  // (WorkerContext::logical_workers).
+  bool logical_workers = false;
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
@@ -208,6 +217,10 @@ class Loader {
   const ThreadPlan& plan() const noexcept { return plan_; }
   // Workers asked for (plan().num_workers may be fewer under kShrink).
   int requested_workers() const noexcept { return requested_workers_; }
+  // Streams / batch turns the data is defined by: requested_workers() with
+  // LoaderOptions::logical_workers, else the processes started. Round-robin
+  // first_worker and reset_streams' messages count these.
+  int num_logical_workers() const noexcept { return static_cast<int>(logical_); }
   // Non-empty when the loader runs with fewer workers than asked: one line
   // with the numbers, for the caller to show once.
   const std::string& budget_note() const noexcept { return budget_note_; }
@@ -264,9 +277,10 @@ class Loader {
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream
   std::vector<std::string> messages_;  // round-robin: each worker's start message for its new stream
-  uint32_t next_worker_ = 0;        // round-robin, and assigned out of order: who is asked next
+  uint32_t logical_ = 1;            // the logical workers (num_logical_workers()); process of l: l mod num_workers
+  uint32_t next_worker_ = 0;        // round-robin, and assigned out of order: the logical worker asked next
   std::vector<uint32_t> outstanding_;  // per worker: batches posted to its queue and not yet delivered
-  std::vector<int32_t> assigned_;      // per slot: the worker queue its batch was posted to (-1: shared)
+  std::vector<int32_t> assigned_;      // per slot: the logical worker its batch was posted for (-1: shared)
   bool feed_ended_ = false;          // fed: end_feed() was called this epoch
   std::size_t next_post_ = 0;
   std::size_t delivered_ = 0;

@@ -28,6 +28,10 @@ struct WorkItem {
   // views the head of the payload: read it before writing the batch there.
   bool new_stream = false;
   std::span<const std::byte> message;
+  // The logical worker this item belongs to (LoaderOptions::logical_workers):
+  // with round-robin or assign_in_turn, the stream or batch turn it is asked
+  // of, which this process serves; -1 for a batch any worker may take.
+  int stream = -1;
 };
 
 class WorkerContext {
@@ -38,6 +42,13 @@ class WorkerContext {
   WorkerContext(BatchRing ring, int worker_id, pid_t parent, int segment_fd = -1);
   int worker_id() const noexcept { return worker_id_; }
   int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
+  // The workers the data is defined by (LoaderOptions::logical_workers): at
+  // least num_workers(); this process serves logical workers l with
+  // l mod num_workers() == worker_id() (WorkItem::stream says which).
+  int logical_workers() const noexcept {
+    const RingGeometry& g = ring_.geometry();
+    return static_cast<int>(g.logical_workers > g.num_workers ? g.logical_workers : g.num_workers);
+  }
 
   // Blocks until an item is posted. nullopt: the loader closed, or the
   // consumer process is gone; the worker should return.

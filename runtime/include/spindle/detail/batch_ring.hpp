@@ -95,6 +95,11 @@ struct alignas(kCacheLine) SlotHeader {
   // written by the worker before kReady, read by the consumer for
   // max_skip_ratio (LoaderOptions); reset by the consumer before posting.
   uint32_t skipped = 0;
+  // Consumer before posting: the logical worker whose turn this item is
+  // (round-robin or assign_in_turn: the item's stream or batch turn; see
+  // LoaderOptions::logical_workers), -1 when batches go to whoever is free.
+  // The worker that claims it runs that logical worker's stream.
+  int32_t stream = -1;
 };
 static_assert(sizeof(SlotHeader) == kCacheLine, "one slot header per cache line");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot states are shared across processes");
@@ -134,6 +139,9 @@ struct RingGeometry {
   // true: each worker has its own queue and the consumer addresses batches to
   // workers in turn (each worker reads its own stream of samples).
   bool round_robin = false;
+  // Logical workers the consumer addresses items to (SlotHeader::stream),
+  // each served by process `stream mod num_workers`; 0: one per process.
+  uint32_t logical_workers = 0;
 };
 
 struct RingHeader {
