@@ -174,15 +174,17 @@ peer-frameworks: install-py
 docs: install-py
 	$(PY) docs/api_reference.py build/docs
 
-# --- benchmarks (numbers go to bench/results/, summarized in docs/) ---------
+# --- benchmarks (numbers go to bench/results/, rendered into docs/benchmarks.md) ---------
 # `spindle bench` (every installed peer, every workload; the command of docs/benchmarks.md's
-# top part) after the Google Benchmark suites and the older per-question scripts.
+# top part) after the Google Benchmark suites and the older per-question scripts; then the
+# page's tables are rendered again from the JSON (bench/report_docs.py; test_docs checks them).
 BENCH_ARGS ?=
 bench: bench-cpp install-py
 	$(VENV)/bin/spindle bench --out bench/results/spindle-bench $(BENCH_ARGS)
 	$(PY) bench/python/transport_bench.py
 	$(PY) bench/python/thread_bench.py
 	$(PY) bench/python/grain_bench.py
+	$(PY) bench/report_docs.py
 
 # The decode benchmark's peers (bench/python/native_bench.py) in their own venv,
 # never part of `make test`: PyPI's torchvision needs PyPI's torch 2.14.1 (it

@@ -6,14 +6,13 @@ never shrink them. Set before they start, the knobs below keep each pool to
 ``n`` threads; called after, the call still caps what each runtime's API can
 change, and the report names every runtime whose threads already exist.
 
-What is set, per runtime (measured with this tree's venv, 2 CPUs; see
-docs/threads.md for the numbers):
+What is set, per runtime (docs/threads.md has the table):
 
 - OpenMP, MKL, OpenBLAS, BLIS, numexpr: their ``*_NUM_THREADS`` variables,
   read when the library loads; for those already loaded, threadpoolctl sets
   the count through the library's API: later calls use at most ``n``, but the
-  threads the pool already holds stay (measured for numpy's OpenBLAS and
-  torch's libgomp), and the report counts them.
+  threads the pool already holds stay (numpy's OpenBLAS, torch's libgomp),
+  and the report counts them.
 - torch: ``torch.set_num_threads`` / ``torch.set_num_interop_threads``, now
   if torch is imported, else when it is (an import hook). The inter-op count
   can be set only before the pool is first used.
@@ -22,10 +21,10 @@ docs/threads.md for the numbers):
   XLAEigen) to ``n`` each. About 10 more XLA threads (compiler pool, slow-op
   alarm) have no knob in jaxlib 0.10. ``--xla_cpu_multi_thread_eigen=false``
   and ``intra_op_parallelism_threads`` in XLA_FLAGS change no thread count
-  there (measured), so they are not set: they would only slow the consumer.
+  there, so they are not set: they would only slow the consumer.
 - TensorFlow: ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``, and
   ``tf.config.threading`` if TensorFlow is imported (it refuses once its
-  context exists). Not measured here: TensorFlow is not installed in this venv.
+  context exists).
 - grain: the default of ``grain.ReadOptions.num_threads`` (16) becomes ``n``
   for ReadOptions made from now on, which covers ``to_iter_dataset()`` and
   ``grain.DataLoader`` without read_options. An explicit
@@ -198,7 +197,7 @@ def _cap_loaded_native(n: int, existing: collections.Counter) -> list[RuntimeLim
         how = f"loaded, set to {n} threads through threadpoolctl (was {max(was)})"
         # A pool of n threads runs n - 1 threads beside the caller.
         if existing[runtime] > n - 1:
-            # Measured for OpenBLAS (pthreads) and libgomp: lowering the count stops no thread.
+            # OpenBLAS (pthreads) and libgomp: lowering the count stops no thread.
             out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
                                     f"its pool threads stay until the process exits: set {variables} before "
                                     "it loads, or call spindle.limit_threads first thing"))

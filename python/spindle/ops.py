@@ -14,7 +14,7 @@ Compared with PIL/torchvision: decoding without crop or scaling gives PIL's
 lossless files (docs/ops.md lists the cases); crop then resize gives
 ``Image.crop(box).resize(size, BILINEAR)`` exactly, unless the crop is at least
 twice the size in both dimensions and the file is a JPEG, where DCT-domain
-downscaling makes it close but not equal (see docs/ops.md for the measured
+downscaling makes it close but not equal (see docs/ops.md for the
 tolerance). Crop boxes follow torchvision's rules; their random draws come from
 ``(seed, epoch, index)``, not from torch's generator.
 """

@@ -89,6 +89,26 @@ def test_the_docs_relative_links_reach_files():
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    return {re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            for m in re.finditer(r"^#+ (.*)$", page.read_text(), re.M)}
+
+
+def test_the_docs_links_to_a_section_name_a_heading_of_that_page():
+    """Proves: every `page.md#section` link of README and docs/ names a heading the page has."""
+    broken = []
+    for page in PAGES:
+        for target, anchor in ANCHOR_LINK.findall(page.read_text()):
+            linked = (page.parent / target) if target else page
+            if linked.suffix == ".md" and linked.exists() and anchor not in heading_anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target}#{anchor}")
+    assert not broken, "links to missing sections:\n" + "\n".join(broken)
+
+
 def _api_reference():
     spec = importlib.util.spec_from_file_location("api_reference", ROOT / "docs" / "api_reference.py")
     module = importlib.util.module_from_spec(spec)
@@ -124,3 +144,79 @@ def test_every_public_name_in_the_api_reference_has_a_docstring():
         for sub in doc.submodules:
             walk(sub)
     assert not missing, "public names without a docstring:\n" + "\n".join(missing)
+
+
+def test_every_docs_page_states_the_question_it_answers():
+    """Proves: each page of docs/ opens (within its first lines) with the one question it answers."""
+    missing = [page.name for page in PAGES[1:]
+               if not any(line.startswith("**Question:") for line in page.read_text().splitlines()[:6])]
+    assert not missing, "pages without a **Question:** line at the top: " + ", ".join(missing)
+
+
+def _report_docs():
+    spec = importlib.util.spec_from_file_location("report_docs", ROOT / "bench" / "report_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_tables_are_rendered_from_the_results_json():
+    """Proves: every generated table of docs/benchmarks.md is what bench/report_docs.py renders from
+    bench/results/*.json now (run `python bench/report_docs.py` after a new result)."""
+    report = _report_docs()
+    page = report.PAGE.read_text()
+    assert report.render(page) == page, "docs/benchmarks.md is out of date: run python bench/report_docs.py"
+
+
+def test_the_benchmark_check_catches_an_edited_figure():
+    """Proves: a figure changed by hand inside a generated part is seen as out of date."""
+    report = _report_docs()
+    page = report.PAGE.read_text()
+    part = report.PART.search(page)
+    cut = part.start("body") + part.group("body").index("| spindle | ") + len("| spindle | ")
+    edited = page[:cut] + "9" + page[cut:]
+    assert report.render(edited) != edited
+
+
+# The module tree of docs/architecture.md: the fenced block after "python/spindle/", where a line
+# whose first word ends in "/" opens a package, and the *.py names on it and on the lines indented
+# deeper belong to it (its __init__.py too); *.py names on a line at the package's depth or
+# shallower are top-level.
+def tree_modules(page: str) -> set:
+    block = page.split("python/spindle/", 1)[1].split("```", 1)[0]
+    found, package, depth = set(), None, -1
+    for line in block.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if words[0].endswith("/"):
+            package, depth = words[0], indent
+            found.add(package + "__init__.py")  # naming the package names its __init__
+        elif indent <= depth:
+            package, depth = None, -1
+        for word in words:
+            for name in re.findall(r"[\w]+\.py\b", word):
+                found.add((package or "") + name)
+    return found
+
+
+def package_modules() -> set:
+    base = ROOT / "python" / "spindle"
+    return {p.relative_to(base).as_posix() for p in base.rglob("*.py")}
+
+
+def test_the_architecture_tree_lists_every_module_of_the_package():
+    """Proves: each module of python/spindle is named in docs/architecture.md's tree, in its package."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = package_modules() - tree_modules(page)
+    assert not missing, "modules missing from docs/architecture.md's tree:\n" + "\n".join(sorted(missing))
+
+
+def test_the_tree_check_finds_a_module_left_out():
+    """Proves: a tree with one module's name removed lacks exactly that module."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    tree = tree_modules(page)
+    assert "_state/elastic.py" in tree
+    cut = page.replace(" elastic.py", "", 1)
+    assert tree - tree_modules(cut) == {"_state/elastic.py"}

@@ -3,12 +3,12 @@
 // WorkerContext::put_rows copies into the slot.
 //
 // One SampleRows is compiled per batch structure (the nested dict/tuple/list
-// walk and the fields' dtypes and shapes, as spindle/_layout.py worked them
+// walk and the fields' dtypes and shapes, as spindle/_runtime/layout.py worked them
 // out from a batch's first sample), then reused for every batch of that
 // structure: the walk over each sample is C++, with no Python call per sample
 // or per field. It takes only samples the general Python path would write
 // with the same bytes, and says "no" to anything else (a sample of another
-// structure, a non-contiguous array, a leaf of another type); _layout.py then
+// structure, a non-contiguous array, a leaf of another type); _runtime/layout.py then
 // takes the batch and names the sample that differs. So this is a shortcut,
 // never a second set of rules.
 
@@ -27,7 +27,7 @@ namespace spindle::python {
 
 class SampleRows {
  public:
-  // `walk`: the structure in preorder, one tuple per node, as _layout.py
+  // `walk`: the structure in preorder, one tuple per node, as _runtime/layout.py
   // compiles it: ("leaf",), ("seq", cls, n) (a tuple/list of type exactly
   // cls with n children), ("dict", keys) (a plain dict with exactly these
   // keys in this order). Leaves are fields 0, 1, ... in walk order.
@@ -44,7 +44,7 @@ class SampleRows {
   //
   // `kinds[r * fields + f]`: what the leaf was (a Leaf), so that a sample
   // already copied and let go can be rebuilt from its rows exactly as it
-  // came (_layout.py, when a later sample of the batch does not match).
+  // came (_runtime/layout.py, when a later sample of the batch does not match).
   enum class Leaf : uint8_t { kArray = 0, kInt = 1, kFloat = 2, kBool = 3, kNumpyScalar = 4 };
   struct Gathered {
     std::vector<const std::byte*> rows;

@@ -79,10 +79,8 @@ def _restarts_its_pool_when_capped(lib: Any) -> bool:
     it never stops, then records the new count. A BLAS call, on the other hand,
     starts no thread when the recorded count is 1. So the count is set to 1 in
     the consumer just before the fork (where the pool is running and setting it
-    starts nothing), and the worker inherits it. Measured with numpy's
-    OpenBLAS 0.3.31 on 2 CPUs, counting /proc/self/task in a forked child: 1
-    thread at start, 2 right after threadpoolctl caps it (before any BLAS
-    call), still 2 after matmuls; with the cap inherited, 1 after matmuls.
+    starts nothing), and the worker inherits it: capped in the child, the
+    pool holds a thread from the cap on; inherited, the worker stays at one.
     """
     return lib.internal_api == "openblas" and lib.threading_layer == "pthreads"
 

@@ -26,10 +26,10 @@ A thread is attributed in this order:
    a thread that stays busy, it is reported as unattributed, with the
    runtimes whose libraries the process has mapped as candidates.
 
-Measured on this tree's venv (2 CPUs): numpy's OpenBLAS pool threads resolve
-to ``libscipy_openblas64_*.so``, torch's OpenMP intra-op threads to
-``libgomp``, JAX's 14 pool threads to ``libjax_common.so`` (two of them named
-``tf_XLAEigen``), grain's 12 read threads to the python binary.
+So numpy's OpenBLAS pool threads resolve to ``libscipy_openblas64_*.so``,
+torch's OpenMP intra-op threads to ``libgomp``, JAX's pool threads to
+``libjax_common.so`` (some named ``tf_XLAEigen``), grain's read threads to the
+python binary.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 # Every worker seeds numpy's global generator; numpy loads numpy.random on first
-# use (~7 ms). Loaded here, once, every forked worker inherits it instead of
-# each importing it before its first sample.
+# use. Loaded here, once, every forked worker inherits it instead of each
+# importing it before its first sample.
 import numpy.random  # noqa: F401
 
 from .._budget.caps import cap_worker_pools

@@ -78,8 +78,8 @@ class BatchSeeds:
 
     A batch is made of the same samples whatever the worker count or mode, and after a resume
     (batches are cut from the epoch's order before any worker sees them), so its draws are the
-    same too. Seeding costs about 10 us, paid once a batch rather than once a sample (which made
-    tiny in-memory samples several times slower: bench/python/reseed_bench.py)."""
+    same too. Seeding is paid once a batch rather than once a sample: it costs several times a tiny
+    in-memory sample (bench/python/reseed_bench.py, docs/benchmarks.md)."""
 
     def __init__(self, seed: int, epoch: "int | EpochCell", torch_cpu: bool = False) -> None:
         self._seed = seed
@@ -107,7 +107,7 @@ class Reseeded:
         self._key = -1
         self._key_epoch = -1
         # torch's default CPU generator, looked up in the worker (a Generator does not pickle for
-        # spawned workers); torch.manual_seed would also walk CUDA/MPS/XPU (~1 ms a call).
+        # spawned workers); torch.manual_seed would also walk CUDA/MPS/XPU at every call.
         self._torch = bool(torch_cpu)
 
     def __getitem__(self, index: Any) -> Any:

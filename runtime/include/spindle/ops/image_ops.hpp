@@ -144,7 +144,7 @@ void normalize(const Image& in, std::span<const float> mean, std::span<const flo
 // torchvision's HSV by f (in turns) and converts back with x*255.999. Within
 // one level of torchvision's tensors (its float32 sums may round differently
 // from these); PIL's ImageEnhance/HSV versions differ by a few levels
-// (docs/ops.md has the measured tolerances).
+// (docs/ops.md has the tolerances).
 void adjust_brightness(std::span<uint8_t> rgb, double factor);
 void adjust_contrast(std::span<uint8_t> rgb, double factor);
 void adjust_saturation(std::span<uint8_t> rgb, double factor);
