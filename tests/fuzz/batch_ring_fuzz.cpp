@@ -38,14 +38,14 @@
 
 namespace {
 
-using spindle::BatchRing;
-using spindle::IndexQueue;
-using spindle::kCacheLine;
-using spindle::RingGeometry;
-using spindle::RingHeader;
-using spindle::SlotHeader;
-using spindle::SlotState;
-using spindle::WorkerRecord;
+using spindle::detail::BatchRing;
+using spindle::detail::IndexQueue;
+using spindle::detail::kCacheLine;
+using spindle::detail::RingGeometry;
+using spindle::detail::RingHeader;
+using spindle::detail::SlotHeader;
+using spindle::detail::SlotState;
+using spindle::detail::WorkerRecord;
 using spindle::fuzz::ByteReader;
 using spindle::fuzz::ZeroedMapping;
 
@@ -245,7 +245,7 @@ class Run {
       transition(Role::kConsumer, s, SlotState::kFailed, SlotState::kFree);
       return;
     }
-    if (m.flags & spindle::kSlotExhausted) {  // a stream ended: skipped, its worker gets no more
+    if (m.flags & spindle::detail::kSlotExhausted) {  // a stream ended: skipped, its worker gets no more
       SPINDLE_FUZZ_CHECK(m.worker >= 0, "op %zu: exhausted slot %u names no worker", op_, s);
       workers_[static_cast<uint32_t>(m.worker)].ended = true;
       transition(Role::kConsumer, s, SlotState::kReady, SlotState::kFree);
@@ -352,7 +352,7 @@ class Run {
     SlotHeader& h = ring_.slot(*s);
     if (g_.round_robin && (arg & 3) == 3) {  // the worker's stream ended: no batch
       h.count = m.count = 0;
-      h.flags = m.flags = spindle::kSlotExhausted;
+      h.flags = m.flags = spindle::detail::kSlotExhausted;
     } else {
       if (arg & 1) {  // a short batch (streams): commit(item, count) may only lower the count
         const uint32_t c = (arg >> 1) % (m.count + 1);

@@ -27,7 +27,7 @@
 
 namespace {
 
-using spindle::IndexQueue;
+using spindle::detail::IndexQueue;
 using spindle::fuzz::AlignedBuffer;
 using spindle::fuzz::ByteReader;
 
@@ -142,7 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const uint32_t first = first_item_from(in.next(), capacity);
   const uint32_t claimers = 1 + in.next() % kMaxClaimers;
 
-  AlignedBuffer mem(IndexQueue::bytes_for(capacity), spindle::kCacheLine);
+  AlignedBuffer mem(IndexQueue::bytes_for(capacity), spindle::detail::kCacheLine);
   Run r{IndexQueue::create(mem.data(), capacity, first), capacity, claimers, {}};
   SPINDLE_FUZZ_TRACE("capacity %u, first item number %u, %u claimers", capacity, first, claimers);
   r.check();
