@@ -381,6 +381,7 @@ class DataLoader(_Engine, _TorchDataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         if self.num_workers == 0:
+            self._begin_epoch()  # a shard's sampler gets its epoch here too
             return self._peer.__iter__(self)  # single process: torch's own loop is what spindle would do
         return self._spindle_epoch()
 
