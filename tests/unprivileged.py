@@ -9,9 +9,11 @@ a world-readable temporary directory. Used by tests/python and bench/python.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,7 +33,12 @@ def stage(dest: Path, packages: list[str]) -> None:
     distributions = importlib.metadata.packages_distributions()
 
     for name in packages:
-        path = Path(importlib.import_module(name).__file__)
+        module = importlib.import_module(name)
+        if getattr(module, "__file__", None) is None:  # a namespace package (google, for protobuf)
+            for part in module.__path__:
+                shutil.copytree(part, dest / name, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+            continue
+        path = Path(module.__file__)
         if path.name != "__init__.py":  # a one-file module
             shutil.copy(path, dest / path.name)
             continue
@@ -44,6 +51,18 @@ def stage(dest: Path, packages: list[str]) -> None:
         os.chmod(root, 0o755)
         for f in files:
             os.chmod(os.path.join(root, f), 0o644)
+
+
+def import_closure(*modules: str) -> tuple[str, ...]:
+    """The top-level packages and modules from this interpreter's site-packages that importing
+    `modules` loads (to stage for an unprivileged run: a venv's folder may not be readable by
+    that uid)."""
+    code = ("import json, sys\n"
+            f"for m in {list(modules)!r}: __import__(m)\n"
+            "print(json.dumps(sorted({n.split('.')[0] for n, m in list(sys.modules.items())\n"
+            "                         if 'site-packages' in (getattr(m, '__file__', None) or '')})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def run_limited(script: str, headroom: int, *, uid: int = NOBODY, timeout: float = 300,

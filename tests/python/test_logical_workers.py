@@ -8,11 +8,10 @@ elements in the same order; the limited one must say "N logical workers on P pro
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
-from unprivileged import run_limited
+from unprivileged import import_closure, run_limited
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                                 reason="needs root to switch to an unprivileged uid")
@@ -121,10 +120,6 @@ if __name__ == "__main__":
 '''
 
 
-def site_packages(module: str) -> str:
-    return str(Path(__import__(module).__file__).resolve().parents[1])
-
-
 def in_process(program: str, **kw):
     """The program run here, every worker a process of its own."""
     scope = {"__name__": "reference", "STATE": None}
@@ -134,7 +129,8 @@ def in_process(program: str, **kw):
 
 def limited(program: str, extra: str, state=None):
     text = program.replace("STATE", repr(state))
-    done = run_limited(text, headroom=HEADROOM, timeout=240, extra_path=(site_packages(extra),))
+    # Staged copies: the venv's own folder need not be readable by the unprivileged uid.
+    done = run_limited(text, headroom=HEADROOM, timeout=240, packages=import_closure("spindle", extra))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
