@@ -142,6 +142,14 @@ def batch_decoder(reader: BatchReader) -> Callable[[Any], Any]:
     return decode
 
 
+def _start_failure(exc: Exception, worker_id: int) -> bytes:
+    """A worker's failed start (worker_init_fn, the dataset's setup), packed as the answer to each
+    batch asked of it: the exception, noted as raised before any sample."""
+    exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn or the "
+                 "dataset's setup), before any sample.")
+    return pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
+
+
 def _as_multiprocessing_child(worker_id: int) -> None:
     """What multiprocessing says of this process is what it says in torch's workers (its
     children): ``current_process()`` is not "MainProcess" (code that runs only in the main
@@ -184,9 +192,7 @@ def _start(ctx: Any, setup: Callable[[int, int], Any]) -> Optional[bytes]:
         setup(ctx.worker_id, ctx.logical_workers)  # this process's first logical worker is its own id
         return None
     except Exception as exc:
-        exc.add_note(f"Raised while starting spindle worker {ctx.worker_id} (worker_init_fn or the "
-                     "dataset's setup), before any sample.")
-        return pack_exception(exc, -1, ctx.worker_id, MIN_SLOT_BYTES)
+        return _start_failure(exc, ctx.worker_id)
 
 
 def _answer_failed_start(ctx: Any, failure: bytes) -> int:
@@ -228,9 +234,7 @@ def run_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[int, int
                     try:
                         setup(worker_id, logical.count)
                     except Exception as exc:
-                        exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn or the "
-                                     "dataset's setup), before any sample.")
-                        broken[worker_id] = pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES)
+                        broken[worker_id] = _start_failure(exc, worker_id)
                 if worker_id in broken:
                     ctx.fail(item, broken[worker_id])
                     continue
@@ -300,9 +304,7 @@ def run_stream_worker(ctx: Any, dataset: Any, transport: Any, setup: Callable[[i
                 try:
                     open_stream(worker_id, logical.count)
                 except Exception as exc:
-                    exc.add_note(f"Raised while starting spindle worker {worker_id} (worker_init_fn or the "
-                                 "dataset's setup), before any sample.")
-                    streams[worker_id] = _Stream(broken=pack_exception(exc, -1, worker_id, MIN_SLOT_BYTES))
+                    streams[worker_id] = _Stream(broken=_start_failure(exc, worker_id))
             stream = streams[worker_id]
             if item.new_stream:
                 stream.position, stream.ended, stream.broken = 0, False, None
