@@ -201,10 +201,14 @@ def test_forked_workers_read_the_shared_attribute_and_report_their_uss():
     ds = Paths(120_000)
     loader = spindle.DataLoader(ds, batch_size=1000, num_workers=2, shuffle=True, seed=0)
     it = iter(loader)
-    first = next(it)
+    got = [next(it)]
+    # A worker reports its pid once it runs; on a busy machine the second may still be starting when the
+    # first batch arrives (its memory is then None), so take batches until both have started.
+    while not all(w["pid"] for w in loader.stats()["workers"]):
+        got.append(next(it))
     workers = loader.stats()["workers"]
     assert len(workers) == 2 and all(w["uss_bytes"] > 0 and w["pss_bytes"] > 0 for w in workers)
-    got = [first] + list(it)
+    got += list(it)
     values = np.concatenate([b[:, 0] for b in got])
     assert sorted(values.tolist()) == list(range(120_000)) and all(b[:, 1].all() for b in got)
     assert type(ds.paths) is list
