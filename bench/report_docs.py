@@ -233,10 +233,16 @@ def memory() -> str:
 
 
 def memory_spawn() -> str:
+    """One row per loader, its rounds side by side (the JSON lists them round after round)."""
     d = load("memory.json")
-    rows = [[r["loader"], f"{r['first_batch_s']:.1f} s"] for r in d["spawn"]]
+    rounds: dict[str, list[str]] = {}
+    for r in d["spawn"]:
+        rounds.setdefault(r["loader"], []).append(f"{r['first_batch_s']:.1f} s")
     first = d["spawn"][0]
-    return table([f"loader ({first['samples']:,} paths, {first['workers']} workers, spawn)", "first batch"], rows)
+    n = max(len(v) for v in rounds.values())
+    rows = [[loader] + v + [""] * (n - len(v)) for loader, v in rounds.items()]
+    return table([f"loader ({first['samples']:,} paths, {first['workers']} workers, spawn)"]
+                 + [f"first batch, round {k + 1}" for k in range(n)], rows)
 
 
 def ops() -> str:
