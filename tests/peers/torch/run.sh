@@ -7,8 +7,11 @@
 #   START_METHOD=spawn (or forkserver) sets multiprocessing's start method
 #   globally before any test runs (sitecustomize.py); unset, the tests run
 #   with the platform's default (fork on Linux), as PyTorch's CI runs them.
+#   The whole TEST_FILE is always given to pytest, so a node id among the
+#   pytest args adds to it rather than selecting: select tests with -k.
 set -eu
-py=$1; test_file=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); mode=${3:-patched}
+py=$1; case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac  # it runs after a cd
+test_file=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); mode=${3:-patched}
 shift $(( $# > 2 ? 3 : 2 ))
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "$mode" = patched ]; then export SPINDLE_PEER_PATCH=torch; else export SPINDLE_PEER_PATCH=off; fi
