@@ -38,14 +38,8 @@ class Ids:
         return {"id": np.int64(i), "noise": noise}
 
 
-class PlainIds:
+class PlainIds(Ids):
     """Sample i is the tensor [i] (nothing random: batches must equal torchdata's exactly)."""
-
-    def __init__(self, n: int = 50) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int):
         return torch.tensor([i])

@@ -23,7 +23,7 @@ def plan(n=10, batch=3, *, shuffle=True, seed=7, shard=None, shard_drop_last=Fal
 
 
 def settings(p):
-    return lambda: dict(seed=p.entropy, samples=len(p._samples))
+    return lambda: dict(seed=p.entropy, samples=len(p.samples))
 
 
 @pytest.mark.parametrize("n,world,shard_drop,drop_last", list(itertools.product(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import faulthandler
+import multiprocessing
 import os
 import resource
 import signal
@@ -108,3 +109,26 @@ class SlowAt(Images):
         if i == self.slow:
             time.sleep(self.seconds)
         return super().__getitem__(i)
+
+
+class CountsUnderSemaphore:
+    """An mp.Value (with its own lock) and an mp.Semaphore of the default context, as a script that
+    sets a start method globally makes them; each of the `n` samples counts itself under both."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
+        self.slots = multiprocessing.Semaphore(2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        with self.slots, self.count.get_lock():
+            self.count.value += 1
+        return i
+
+    def names_exist(self) -> list[bool]:
+        """Whether both named semaphores are still in /dev/shm (a worker's exit must not unlink them)."""
+        return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
+                for lock in (self.count.get_lock(), self.slots)]
