@@ -132,3 +132,14 @@ class CountsUnderSemaphore:
         """Whether both named semaphores are still in /dev/shm (a worker's exit must not unlink them)."""
         return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
                 for lock in (self.count.get_lock(), self.slots)]
+
+
+def save_index_images(path, n: int, shape=(6, 8, 3)):
+    """Saves `n` uint8 images of `shape` as a .npy at `path` and returns it: image i is filled with i
+    (n <= 200), but for column 0 of channel 0, which is 200, so that a left-right flip shows."""
+    images = np.zeros((n, *shape), np.uint8)
+    for i in range(n):
+        images[i] = i
+        images[i, :, 0, 0] = 200
+    np.save(path, images)
+    return path

@@ -11,6 +11,7 @@ a state must match (their settings) and run the epochs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sized
 
 import numpy as np
@@ -22,6 +23,7 @@ from .sharding import Shard
 __all__ = ["EpochPlan"]
 
 
+@dataclasses.dataclass(eq=False)
 class EpochPlan:
     """The epochs of a loader over ``len(samples)`` samples in batches of `batch_size`.
 
@@ -29,27 +31,30 @@ class EpochPlan:
     same order, as DistributedSampler's default seed is). ``epoch`` is the epoch the next
     :meth:`begin` runs; ``position`` is where the last begun epoch's iterator stands."""
 
-    def __init__(self, samples: Sized, batch_size: int, *, shuffle: bool, seed: Optional[int],
-                 shard: Optional[Shard], shard_drop_last: bool, drop_last: bool) -> None:
-        self._samples = samples  # asked at each use: a dataset's length is read when it is needed
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.shard = shard
-        self.shard_drop_last = shard_drop_last
-        self.drop_last = drop_last
-        if seed is not None:
-            self.entropy = int(seed)
+    samples: Sized = dataclasses.field(repr=False)  # asked at each use: a dataset's length when needed
+    batch_size: int
+    _: dataclasses.KW_ONLY
+    shuffle: bool
+    seed: Optional[int]
+    shard: Optional[Shard]
+    shard_drop_last: bool
+    drop_last: bool
+    entropy: int = dataclasses.field(init=False)
+    epoch: int = dataclasses.field(init=False, default=0)
+    position: Optional[Position] = dataclasses.field(init=False, default=None)
+    _skip: int = dataclasses.field(init=False, default=0)  # batches of the next epoch to skip (load)
+    # the next epoch's earlier re-splits (an elastic resume)
+    _resplits: tuple[Resplit, ...] = dataclasses.field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        if self.seed is not None:
+            self.entropy = int(self.seed)
         else:
-            self.entropy = 0 if shard is not None else int(np.random.SeedSequence().entropy % 2**63)
-        self.epoch = 0
-        self.position: Optional[Position] = None  # of the last begun epoch's iterator
-        self._skip = 0  # batches of the next epoch to skip (load)
-        self._resplits: tuple[Resplit, ...] = ()  # the next epoch's earlier re-splits (an elastic resume)
+            self.entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
 
     # --- lengths and orders -------------------------------------------------
     def samples_per_rank(self) -> int:
-        n = len(self._samples)
+        n = len(self.samples)
         if self.shard is None:
             return n
         world = self.shard.world_size
@@ -61,7 +66,7 @@ class EpochPlan:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _draw(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
-        n = len(self._samples)
+        n = len(self.samples)
         rng = np.random.default_rng([self.entropy, epoch])
         return (rng.permutation(n) if self.shuffle else np.arange(n)), rng
 
