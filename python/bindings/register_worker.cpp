@@ -69,6 +69,33 @@ void register_worker(py::module_& m) {
       .def_readonly("code", &WorkerExit::code, "The signal number if signaled, else the exit status (-1: unknown).")
       .def("describe", &WorkerExit::describe);
 
+  py::class_<PartsWriter>(m, "PartsWriter", "Writes one item's payload of parts (WorkerContext.begin_parts).")
+      .def(
+          "allocate",
+          [](py::object self, uint64_t bytes) {
+            PartsWriter& writer = self.cast<PartsWriter&>();
+            std::span<std::byte> room;
+            {
+              py::gil_scoped_release release;  // may reserve memory (fallocate)
+              room = writer.allocate(bytes);
+            }
+            return py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(room.size())}, {1}, room.data(), self);
+          },
+          py::arg("bytes"),
+          "`bytes` of the slot after those handed out so far (64-byte aligned, the slot grown to hold them), "
+          "as a uint8 array to fill; a part only once add()ed.")
+      .def(
+          "add",
+          [](PartsWriter& writer, const py::buffer& data) {
+            py::buffer_info info = data.request();
+            const std::span<const std::byte> bytes = contiguous_bytes(info, "add");
+            py::gil_scoped_release release;
+            writer.add(bytes);
+          },
+          py::arg("data"),
+          "The next part: in place if `data` lies in what allocate() handed out, else copied into the slot.")
+      .def("finish", &PartsWriter::finish, "Writes the parts' trailer and the slot's descriptor; commit next.");
+
   py::class_<WorkerContext>(m, "WorkerContext")
       .def_property_readonly("worker_id", &WorkerContext::worker_id)
       .def_property_readonly("num_workers", &WorkerContext::num_workers)
@@ -132,22 +159,11 @@ void register_worker(py::module_& m) {
              ctx.put_bytes(item, bytes);
            },
            py::arg("item"), py::arg("data"), "Stores one byte string (e.g. a pickled batch) as the item's payload.")
-      .def("begin_parts",
-           [](py::object self, WorkItem& item, const std::vector<uint64_t>& sizes) {
-             WorkerContext& ctx = self.cast<WorkerContext&>();
-             std::vector<std::span<std::byte>> parts;
-             {
-               py::gil_scoped_release release;  // may reserve memory (fallocate)
-               parts = begin_parts(ctx, item, sizes);
-             }
-             py::list out;
-             for (const auto& p : parts)
-               out.append(py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(p.size())}, {1}, p.data(), self));
-             return out;
-           },
-           py::arg("item"), py::arg("sizes"),
-           "Lays out the item's slot for parts of these sizes (a pickle stream and its out-of-band buffers, "
-           "payload_parts.hpp) and returns one uint8 array per part, viewing the slot: fill them, then commit.")
+      .def(
+          "begin_parts", [](WorkerContext& ctx, WorkItem& item) { return PartsWriter(ctx, item); },
+          py::arg("item"), py::keep_alive<0, 1>(), py::keep_alive<0, 2>(),
+          "Starts the item's payload of parts (a pickle stream and its out-of-band buffers, "
+          "payload_parts.hpp): allocate() room to stack tensors into, add() each part, finish(), then commit.")
       .def("sample_record",
            [](py::object self) {
              WorkerContext& ctx = self.cast<WorkerContext&>();

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -212,14 +212,30 @@ class WorkerExit:
     @property
     def worker_id(self) -> int:
         ...
+class PartsWriter:
+    """
+    Writes one item's payload of parts (WorkerContext.begin_parts).
+    """
+    def add(self, data: typing_extensions.Buffer) -> None:
+        """
+        The next part: in place if `data` lies in what allocate() handed out, else copied into the slot.
+        """
+    def allocate(self, bytes: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
+        """
+        `bytes` of the slot after those handed out so far (64-byte aligned, the slot grown to hold them), as a uint8 array to fill; a part only once add()ed.
+        """
+    def finish(self) -> None:
+        """
+        Writes the parts' trailer and the slot's descriptor; commit next.
+        """
 class WorkerContext:
     def begin_arrays(self, item: WorkItem, layout: SlotLayout, structure: bytes) -> list:
         """
         Lays out the item's slot for `layout` (growing it if needed) and returns one full-capacity array per field, viewing the slot: write rows 0..count-1, then commit.
         """
-    def begin_parts(self, item: WorkItem, sizes: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> list:
+    def begin_parts(self, item: WorkItem) -> PartsWriter:
         """
-        Lays out the item's slot for parts of these sizes (a pickle stream and its out-of-band buffers, payload_parts.hpp) and returns one uint8 array per part, viewing the slot: fill them, then commit.
+        Starts the item's payload of parts (a pickle stream and its out-of-band buffers, payload_parts.hpp): allocate() room to stack tensors into, add() each part, finish(), then commit.
         """
     def claim(self) -> WorkItem | None:
         ...

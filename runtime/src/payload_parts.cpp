@@ -11,28 +11,43 @@
 namespace spindle {
 namespace {
 
-uint64_t align_up(uint64_t n) { return (n + kPartAlign - 1) / kPartAlign * kPartAlign; }
-
-uint64_t header_bytes(uint64_t count) { return align_up((count + 1) * sizeof(uint64_t)); }
+uint64_t align_up(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-std::vector<std::span<std::byte>> begin_parts(WorkerContext& ctx, WorkItem& item, std::span<const uint64_t> sizes) {
-  uint64_t total = header_bytes(sizes.size());
-  for (uint64_t s : sizes) total += align_up(s);
-  std::span<std::byte> out = ctx.reserve(item, total);
-  const uint64_t count = sizes.size();
-  std::memcpy(out.data(), &count, sizeof(count));
-  if (!sizes.empty()) std::memcpy(out.data() + sizeof(count), sizes.data(), sizes.size_bytes());
-  std::vector<std::span<std::byte>> parts;
-  parts.reserve(sizes.size());
-  uint64_t at = header_bytes(count);
-  for (uint64_t s : sizes) {
-    parts.push_back(out.subspan(at, s));
-    at += align_up(s);
+std::span<std::byte> PartsWriter::allocate(uint64_t bytes) {
+  const uint64_t at = align_up(used_, kPartAlign);
+  std::span<std::byte> out = ctx_.reserve(item_, at + bytes);
+  used_ = at + bytes;
+  return out.subspan(at, bytes);
+}
+
+void PartsWriter::add(std::span<const std::byte> bytes) {
+  const std::byte* payload = item_.out.data();
+  const bool inside = payload != nullptr && bytes.data() >= payload && bytes.data() < payload + used_;
+  if (inside) {
+    const auto at = static_cast<uint64_t>(bytes.data() - payload);
+    if (bytes.size() > used_ - at)
+      SPINDLE_THROW(std::invalid_argument, "spindle: a part of batch " + std::to_string(item_.batch_id) +
+                                               " starts in the slot's allocated bytes but runs past them");
+    offsets_.push_back(at);
+  } else {
+    std::span<std::byte> room = allocate(bytes.size());
+    if (!bytes.empty()) std::memcpy(room.data(), bytes.data(), bytes.size());
+    offsets_.push_back(static_cast<uint64_t>(room.data() - item_.out.data()));
   }
-  write_bytes_descriptor(ctx.ring().descriptor(item.slot), total);
-  return parts;
+  sizes_.push_back(bytes.size());
+}
+
+void PartsWriter::finish() {
+  const uint64_t count = offsets_.size();
+  const uint64_t at = align_up(used_, sizeof(uint64_t));
+  const uint64_t total = at + (2 * count + 1) * sizeof(uint64_t);
+  std::byte* out = ctx_.reserve(item_, total).data();
+  std::memcpy(out + at, offsets_.data(), count * sizeof(uint64_t));
+  std::memcpy(out + at + count * sizeof(uint64_t), sizes_.data(), count * sizeof(uint64_t));
+  std::memcpy(out + total - sizeof(count), &count, sizeof(count));
+  write_bytes_descriptor(ctx_.ring().descriptor(item_.slot), total);
 }
 
 std::vector<std::span<std::byte>> read_parts(std::span<std::byte> payload) {
@@ -41,19 +56,20 @@ std::vector<std::span<std::byte>> read_parts(std::span<std::byte> payload) {
                               std::to_string(payload.size()) + " bytes)");
   };
   uint64_t count = 0;
-  if (payload.size() < sizeof(count)) throw garbled("no header");
-  std::memcpy(&count, payload.data(), sizeof(count));
-  if (count > payload.size() / sizeof(uint64_t) || header_bytes(count) > payload.size())
-    throw garbled(std::to_string(count) + " parts");
+  if (payload.size() < sizeof(count)) throw garbled("no trailer");
+  std::memcpy(&count, payload.data() + payload.size() - sizeof(count), sizeof(count));
+  const uint64_t room = (payload.size() - sizeof(count)) / (2 * sizeof(uint64_t));
+  if (count > room) throw garbled(std::to_string(count) + " parts");
+  const uint64_t trailer = payload.size() - sizeof(count) - 2 * count * sizeof(uint64_t);
   std::vector<std::span<std::byte>> parts;
   parts.reserve(count);
-  uint64_t at = header_bytes(count);
   for (uint64_t i = 0; i < count; ++i) {
+    uint64_t offset = 0;
     uint64_t size = 0;
-    std::memcpy(&size, payload.data() + sizeof(uint64_t) * (i + 1), sizeof(size));
-    if (size > payload.size() || at > payload.size() - size) throw garbled("part " + std::to_string(i) + " overruns");
-    parts.push_back(payload.subspan(at, size));
-    at += align_up(size);
+    std::memcpy(&offset, payload.data() + trailer + i * sizeof(uint64_t), sizeof(offset));
+    std::memcpy(&size, payload.data() + trailer + (count + i) * sizeof(uint64_t), sizeof(size));
+    if (offset > trailer || size > trailer - offset) throw garbled("part " + std::to_string(i) + " overruns");
+    parts.push_back(payload.subspan(offset, size));
   }
   return parts;
 }

@@ -3,6 +3,7 @@
 // refusal of corrupt input, and typed batches end to end through a Loader
 // whose slots grow as batches do.
 #include <spindle/loader.hpp>
+#include <spindle/payload_parts.hpp>
 #include <spindle/slot_layout.hpp>
 
 #include <cstring>
@@ -145,6 +146,55 @@ TEST(SlotLayout, TypedBatchesOfGrowingSizeArriveIntactThroughALoader) {
   }
   for (const Batch& b : kept)
     EXPECT_EQ(b.field<float>(0).back(), static_cast<float>(b.indices().back())) << "kept batch " << b.batch_id();
+}
+
+// Proves: a payload of parts holds room the worker filled before knowing it is a part (added
+// in place, not copied: the consumer's part starts where the room did) and bytes copied in;
+// a span straddling the room's end is refused, and so is a trailer naming bytes past the payload.
+TEST(PayloadParts, RoomFilledInPlaceAndCopiedBytesArriveAsPartsOfTheSlot) {
+  LoaderOptions o;
+  o.num_workers = 1;
+  o.batch_capacity = 1;
+  auto body = [](WorkerContext& ctx) {
+    while (auto item = ctx.claim()) {
+      PartsWriter parts(ctx, *item);
+      std::span<std::byte> room = parts.allocate(3 << 20);  // grows the slot
+      std::memset(room.data(), static_cast<int>(item->indices[0]), room.size());
+      std::string refused = "no";
+      try {
+        parts.add(std::span<const std::byte>(room.data() + 8, room.size()));
+      } catch (const std::invalid_argument&) {
+        refused = "yes";
+      }
+      const std::string head = "head of " + std::to_string(item->indices[0]);
+      parts.add(std::as_bytes(std::span(head)));
+      parts.add(room);
+      parts.add(std::as_bytes(std::span(refused)));
+      parts.finish();
+      ctx.commit(*item);
+    }
+    return 0;
+  };
+  Loader loader(o, std::vector<std::vector<int64_t>>{{7}, {9}}, Launcher::fork(body));
+  int seen = 0;
+  while (auto b = loader.next()) {
+    ++seen;
+    ASSERT_EQ(b->kind(), PayloadKind::kBytes);
+    const auto parts = read_parts(b->data());
+    ASSERT_EQ(parts.size(), 3u);
+    const auto as_text = [](std::span<std::byte> p) { return std::string(reinterpret_cast<char*>(p.data()), p.size()); };
+    EXPECT_EQ(as_text(parts[0]), "head of " + std::to_string(b->indices()[0]));
+    EXPECT_EQ(parts[1].data(), b->data().data()) << "the room, in place at the payload's start";
+    ASSERT_EQ(parts[1].size(), 3u << 20);
+    EXPECT_EQ(static_cast<int>(parts[1].back()), b->indices()[0]);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(parts[0].data()) % kPartAlign, 0u) << "a copied part is aligned";
+    EXPECT_EQ(as_text(parts[2]), "yes") << "a span past the room is refused";
+    std::vector<std::byte> garbled(b->data().begin(), b->data().end());
+    const uint64_t huge = 1u << 30;
+    std::memcpy(garbled.data() + garbled.size() - 16, &huge, sizeof(huge));  // the last part's size
+    EXPECT_THROW(read_parts(garbled), std::runtime_error);
+  }
+  EXPECT_EQ(seen, 2);
 }
 
 // The samples of the put_rows / put_row tests: a float row of kWidth values

@@ -263,6 +263,23 @@ def test_any_collate_output_arrives_as_torchs_with_its_buffers_in_shared_memory(
         a.images += 1  # writable, as torch's batches are
 
 
+def stacked_where(samples):
+    images, labels = default_collate(samples)
+    return {"images": images, "labels": labels, "stacked_in_slot": shm_mapping_holds(images.data_ptr())}
+
+
+def test_default_collate_called_by_a_custom_collate_stacks_into_the_slot():
+    """Proves: in spindle's workers, default_collate inside a custom collate_fn stacks the batch straight
+    into the slot's shared memory (written once, not stacked privately and copied in), and the consumer
+    gets torch's values."""
+    ours = list(DataLoader(Images(), batch_size=4, num_workers=2, collate_fn=stacked_where))
+    torchs = list(TorchLoader(Images(), batch_size=4, num_workers=2, collate_fn=stacked_where))
+    assert [b["stacked_in_slot"] for b in ours] == [True] * 4
+    for a, b in zip(ours, torchs):
+        assert torch.equal(a["images"], b["images"]) and torch.equal(a["labels"], b["labels"])
+        assert shm_mapping_holds(a["images"].data_ptr())
+
+
 class SlowFirst(Dataset):
     """Sample 0 takes a second; the rest are instant."""
 

@@ -67,7 +67,7 @@ from .._runtime.start import StartSpec, start as start_runtime, start_method_of
 from .._runtime.worker import run_stream_worker, run_worker
 from .._state.sharding import resolve_shard
 from ..errors import WorkerDiedError
-from ._transport import CollatedBatches, load_pickled
+from ._transport import CollatedBatches, load_pickled, stack_into_slot
 from ._workers import WorkerProcess, torch_died
 
 __all__ = ["DataLoader", "StatefulDataLoader", "install", "uninstall", "installed"]
@@ -823,22 +823,26 @@ def _setup_torch_worker(worker_id: int, num_workers: int, *, base_seed: int, dat
         id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
     if isinstance(dataset, (IterDataPipe, MapDataPipe)):  # torch's _sharding_worker_init_fn, one process group
         apply_sharding(dataset, num_workers, worker_id)
-    _collate_into_private_memory()
+    _collate_into_the_slot()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
 
 
-def _collate_into_private_memory() -> None:
+def _collate_into_the_slot() -> None:
     """In a worker, torch's default_collate stacks tensors into a new torch shared-memory segment
-    per batch (it checks get_worker_info()), which torch's pipe then passes on. spindle copies the
-    batch into its slot instead, so that segment is pure cost: the stack runs as outside a worker.
-    And a batch's tensors (often tens of MiB) are allocated from the heap, not by a fresh mmap whose
-    pages fault in again for every batch (glibc's threshold for that stops at 32 MiB)."""
+    per batch (it checks get_worker_info()), which torch's pipe then passes on. spindle's stack
+    writes into the slot of the batch being collated instead (stack_into_slot), so the batch is
+    written once and travels in place. Where that cannot run the stack runs as outside a worker,
+    into the heap, not a fresh mmap whose pages fault in again for every batch (glibc's threshold
+    for that stops at 32 MiB)."""
     from torch.utils.data._utils import collate as _collate
 
     torch_fn = _collate.collate_tensor_fn
 
     def collate_tensor_fn(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        stacked = stack_into_slot(batch)
+        if stacked is not None:
+            return stacked
         info, _torch_worker._worker_info = _torch_worker._worker_info, None
         try:
             return torch_fn(batch, collate_fn_map=collate_fn_map)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -66,7 +67,39 @@ class CollatedBatches:
                     columns = None
                 if columns is not None and writer.write_columns(ctx, item, columns):
                     return  # else more fields than a slot's descriptor holds: collated and pickled
-        put_pickled(ctx, item, self._collate(samples))
+        parts = ctx.begin_parts(item)
+        _collating.parts = parts  # torch's collate stacks tensors into the slot (stack_into_slot)
+        try:
+            batch = self._collate(samples)
+        finally:
+            _collating.parts = None
+        put_pickled(parts, batch)
+
+
+# The PartsWriter of the batch this thread is collating, if any (a worker thread, or a worker process).
+_collating = threading.local()
+
+
+def stack_into_slot(batch: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """torch's default_collate's stack of same-shaped CPU tensors, written into room of the slot of the
+    batch being collated, so that it travels as a part in place: no private copy, no second copy into
+    the slot. None where torch's own stack must run (no batch being collated here, tensors autograd
+    tracks or of other layouts, or shapes that differ, which torch's stack then reports)."""
+    parts = getattr(_collating, "parts", None)
+    elem = batch[0]
+    if parts is None or not _plain_cpu(elem) or any(x.requires_grad for x in batch):
+        return None
+    numel = sum(x.numel() for x in batch)
+    if numel != len(batch) * elem.numel():
+        return None
+    room = parts.allocate(numel * elem.element_size())
+    out = torch.from_numpy(room).view(elem.dtype).view(len(batch), *elem.shape)
+    return torch.stack(batch, 0, out=out)
+
+
+def _plain_cpu(tensor: Any) -> bool:
+    return type(tensor) is torch.Tensor and tensor.layout == torch.strided and tensor.device.type == "cpu" \
+        and not tensor.is_quantized and not tensor.is_nested
 
 
 # Buffers smaller than this stay inside the pickle stream: a part of its own costs more than it saves.
@@ -78,8 +111,7 @@ class _Pickler(pickle.Pickler):
     (torch's own reduction copies a tensor's storage into the stream)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is torch.Tensor and obj.layout == torch.strided and obj.device.type == "cpu" \
-                and not obj.is_quantized and not obj.is_nested:
+        if _plain_cpu(obj):
             dense = obj.detach().resolve_conj().resolve_neg().contiguous()
             raw = dense.reshape(-1).view(torch.uint8).numpy()
             return _tensor_from_part, (pickle.PickleBuffer(raw), str(dense.dtype)[len("torch."):],
@@ -87,9 +119,10 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def put_pickled(ctx: Any, item: Any, obj: Any) -> None:
-    """Writes `obj` into the item's slot as parts (payload_parts.hpp): the pickle stream, then each
-    array's and tensor's bytes, copied once, so the consumer gets them back as views of the slot."""
+def put_pickled(parts: Any, obj: Any) -> None:
+    """Writes `obj` as the item's parts (a PartsWriter, payload_parts.hpp): the pickle stream, then each
+    array's and tensor's bytes, in place where they already lie in the slot (stack_into_slot), else
+    copied once, so the consumer gets them back as views of the slot."""
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(buffer: pickle.PickleBuffer) -> bool:
@@ -100,12 +133,10 @@ def put_pickled(ctx: Any, item: Any, obj: Any) -> None:
 
     stream = io.BytesIO()
     _Pickler(stream, protocol=5, buffer_callback=out_of_band).dump(obj)
-    head = stream.getbuffer()
-    raws = [b.raw() for b in buffers]
-    parts = ctx.begin_parts(item, [head.nbytes] + [r.nbytes for r in raws])
-    parts[0][:] = np.frombuffer(head, np.uint8)
-    for part, raw in zip(parts[1:], raws):
-        part[:] = np.frombuffer(raw, np.uint8)
+    parts.add(stream.getbuffer())
+    for buffer in buffers:
+        parts.add(buffer.raw())
+    parts.finish()
 
 
 def load_pickled(lease: Any) -> Any:
