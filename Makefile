@@ -153,7 +153,7 @@ peer-grain: install-py
 # one: TORCH_TEST_FILE=<its path>) with spindle.torch patched in every
 # interpreter; PEER_MODE=torch runs it unpatched, for the baseline;
 # PEER_START_METHOD=spawn sets that start method globally before the tests.
-# Counts are in docs/torch_dropin.md.
+# Counts: bench/results/history/2026-12-03-torch-peer-suites.md (linked from docs/torch_dropin.md).
 peer-torch: install-py
 	@test -n "$(TORCH_TEST_FILE)" || { echo "peer-torch: set TORCH_TEST_FILE to PyTorch's test/test_dataloader.py" >&2; exit 2; }
 	$(PIP) install -q expecttest
@@ -163,7 +163,7 @@ peer-torch: install-py
 # accelerate's and Lightning's, never in this repository: FRAMEWORK_TESTS=<dir> as
 # tests/peers/frameworks/prepare.sh exports them), each run stock and then with
 # spindle.torch.install() in every interpreter, in the same run; logs go to
-# build/peer-frameworks. Counts are in docs/torch_dropin.md.
+# build/peer-frameworks. Counts: bench/results/history/2026-12-03-torch-peer-suites.md.
 FRAMEWORK_MODES ?= stock patched
 peer-frameworks: install-py
 	@test -n "$(FRAMEWORK_TESTS)" || { echo "peer-frameworks: set FRAMEWORK_TESTS to the folder tests/peers/frameworks/prepare.sh filled" >&2; exit 2; }

@@ -69,9 +69,29 @@ def machine(m: dict[str, Any], keys: tuple[str, ...] = ("numpy", "torch")) -> st
             + (f"; {peers}" if peers else ""))
 
 
-def with_command(cmd: str, m: dict[str, Any] | None, body: str, keys: tuple[str, ...] = ("numpy", "torch")) -> str:
+REFERENCE_KEYS = ("numpy", "torch", "torchdata", "grain", "jax", "PIL")
+
+
+def reference_machine() -> dict[str, Any]:
+    """The machine of the page's first table (spindle bench's arrays run)."""
+    return load("spindle-bench/bench.json")["machine"]
+
+
+def same_machine(m: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    """Whether `m` is the reference machine with the same version of every package the table names."""
+    ref = reference_machine()
+    if any(m.get(k) != ref.get(k) for k in ("nproc", "cpu_model", "mem_total_gib", "python")):
+        return False
+    mine = m.get("versions") or {k: m.get(k) for k in keys}
+    theirs = ref.get("versions") or {k: ref.get(k) for k in REFERENCE_KEYS}
+    return all(mine.get(k) == theirs.get(k) for k in keys if mine.get(k))
+
+
+def with_command(cmd: str, m: dict[str, Any] | None, body: str, keys: tuple[str, ...] = ("numpy", "torch"),
+                 reference: bool = False) -> str:
+    """The command, then the machine unless it is the first table's (the page says so once), then the table."""
     head = f"    {command(cmd)}\n"
-    if m is not None:
+    if m is not None and (reference or not same_machine(m, keys)):
         head += f"\nMachine: {machine(m, keys)}.\n"
     return head + "\n" + body
 
@@ -100,8 +120,7 @@ def spindle_bench(workload: str) -> Callable[[], str]:
                                                          "PSS-MiB", "CPU-s/1k") for w in (2, 16)]
         body = table(header, rows)
         if workload == "arrays":
-            return with_command(d["command"], d["machine"], body,
-                                ("numpy", "torch", "torchdata", "grain", "jax", "PIL"))
+            return with_command(d["command"], d["machine"], body, REFERENCE_KEYS, reference=True)
         return body
     return render
 
@@ -233,10 +252,16 @@ def memory() -> str:
 
 
 def memory_spawn() -> str:
+    """One row per loader, its rounds side by side (the JSON lists them round after round)."""
     d = load("memory.json")
-    rows = [[r["loader"], f"{r['first_batch_s']:.1f} s"] for r in d["spawn"]]
+    rounds: dict[str, list[str]] = {}
+    for r in d["spawn"]:
+        rounds.setdefault(r["loader"], []).append(f"{r['first_batch_s']:.1f} s")
     first = d["spawn"][0]
-    return table([f"loader ({first['samples']:,} paths, {first['workers']} workers, spawn)", "first batch"], rows)
+    n = max(len(v) for v in rounds.values())
+    rows = [[loader] + v + [""] * (n - len(v)) for loader, v in rounds.items()]
+    return table([f"loader ({first['samples']:,} paths, {first['workers']} workers, spawn)"]
+                 + [f"first batch, round {k + 1}" for k in range(n)], rows)
 
 
 def ops() -> str:

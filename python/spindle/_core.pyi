@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -1062,6 +1062,10 @@ def image_info(data: typing_extensions.Buffer) -> tuple[int, int, int, str]:
     """
     (height, width, channels, format) from the headers only.
     """
+def inherited_item(items: typing.Any, i: typing.SupportsInt | typing.SupportsIndex) -> typing.Any:
+    """
+    items[i] for a list or tuple a forked process inherited: a plain value is copied out through borrowed pointers, writing nothing of the original (whose pages then stay shared with the process it came from); anything else is items[i] itself.
+    """
 def lease_tasks(tasks: typing.SupportsInt | typing.SupportsIndex, budget_policy: str = 'wait', timeout: typing.SupportsFloat | typing.SupportsIndex = 10.0) -> LedgerLease:
     """
     A lease of `tasks` tasks (a helper process spindle forks) from the node's budget, under `budget_policy` ("shrink" is not meaningful here and acts as "fail" once nothing is free); raises ThreadBudgetError with the numbers when they do not fit. Mark them started() once they exist.
@@ -1085,6 +1089,10 @@ def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean
 def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> Loader:
     """
     A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
+    """
+def plain_values(items: typing.Any) -> bool:
+    """
+    Whether every item of the list or tuple is a plain value (exact str, bytes, int, float, bool, None, or lists, tuples and dicts of them), which inherited_item copies without writing the original.
     """
 def process_cmdline(pid: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> list[str] | None:
     """

@@ -263,14 +263,14 @@ class DataLoader(HasStats):
         return BatchSeeds(self._plan.entropy, epoch, torch_imported()) if self.seed is not None else None
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share),
-                       transport=ArrayBatches(self.batch_size),
-                       setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
-                       seed_batch=self._batch_seeds(self._epoch_cell))
         spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,
                          max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
                          in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy)
+        body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share, not spec.spawns),
+                       transport=ArrayBatches(self.batch_size),
+                       setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),
+                       seed_batch=self._batch_seeds(self._epoch_cell))
         return start(spec, body, order=order, drop_last=self.drop_last, stacklevel=3)
 
     def close(self) -> None:

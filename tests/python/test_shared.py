@@ -33,12 +33,14 @@ def _spindle_names(pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"spindle.{pid}.")]
 
 
+@pytest.mark.parametrize("make", [spindle.shared, SharedList.inherited], ids=["segment", "inherited"])
 @settings(max_examples=60, deadline=None)
-@given(st.lists(plain, max_size=20) | st.tuples(plain, plain, plain), st.data())
-def test_shared_list_reads_as_the_original(original, data):
+@given(original=st.lists(plain, max_size=20) | st.tuples(plain, plain, plain), data=st.data())
+def test_shared_list_reads_as_the_original(make, original, data):
     """Proves: indexing (negative too), slicing, len, iteration, `in`, index/count and equality of a
-    SharedList give what the original list or tuple gives, down to the types of nested values."""
-    s = spindle.shared(original)
+    SharedList give what the original list or tuple gives, down to the types of nested values, stored in
+    a segment or read in place (inherited)."""
+    s = make(original)
     assert isinstance(s, SharedList)
     assert len(s) == len(original)
     assert repr(list(s)) == repr(list(original))  # repr tells 1 from True, a tuple from a list
@@ -52,6 +54,61 @@ def test_shared_list_reads_as_the_original(original, data):
         assert x in s and s.index(x) == original.index(x) and s.count(x) == original.count(x)
     with pytest.raises(IndexError):
         s[len(original)]
+
+
+def test_an_inherited_list_copies_items_out_without_touching_the_originals():
+    """Proves: reading an inherited SharedList returns equal new objects (nested lists, dicts, tuples,
+    floats, bytes, non-ASCII str) and leaves every original's reference count as it was; it refuses
+    a list that holds something not plain, and pickles (for a spawned process) as its items."""
+    items = [f"/data/img_{i:06d}.jpg" + "é" * (i % 2) for i in range(1000)]
+    items += [b"x" * 100, 2.5, 1 << 80, [1, "two", (3.0, None)], {"box": [1, 2, 3, 4], "id": 7, "ok": True}]
+    before = [sys.getrefcount(x) for x in items]
+    view = SharedList.inherited(items)
+    got = [view[i] for i in range(len(items))] + view[990:995]
+    assert got[:len(items)] == items and got[len(items):] == items[990:995]
+    big = items.index(1 << 80)
+    assert got[big] is items[big], "an int past 64 bits is the one exception: shared as itself"
+    assert all(a is not b for a, b in zip(got, items) if b is not items[big])
+    after = [sys.getrefcount(x) for x in items]
+    assert after[:big] + after[big + 1:] == before[:big] + before[big + 1:], "a read wrote a reference count"
+    assert view == items and len(view) == len(items) and view.nbytes == 0
+    again = pickle.loads(pickle.dumps(view))
+    assert isinstance(again, SharedList) and again == items
+    with pytest.raises(TypeError, match="read-only"):
+        view.append(1)
+    with pytest.raises(TypeError, match="plain"):
+        SharedList.inherited(items + [object()])
+
+
+def _uss_after_reading_all(items) -> int:
+    """A forked child's private memory after it reads every item (frozen as spindle's workers are)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            gc.freeze()
+            total = sum(len(x) for x in items)
+            os.write(w, f"{spindle._core.process_memory(os.getpid()).uss} {total}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        uss, total = (int(x) for x in f.read().split())
+    os.waitpid(pid, 0)
+    assert total == sum(len(x) for x in items)
+    return uss
+
+
+def test_a_forked_process_reads_an_inherited_list_without_copying_its_pages():
+    """Proves: a child that reads all of a 1M-path list copies its pages (the reference counts), while one
+    that reads it through SharedList.inherited keeps them shared: its private memory stays a small part."""
+    paths = [f"/datasets/imagenet/train/n{i % 1000:08d}/img_{i:09d}.JPEG" for i in range(1_000_000)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        copied = _uss_after_reading_all(paths)
+        in_place = _uss_after_reading_all(SharedList.inherited(paths))
+    assert copied > 80 << 20, f"reading the list should copy ~100 MiB of pages, the child has {copied >> 20} MiB"
+    assert in_place < copied / 4, f"{in_place >> 20} MiB private reading in place, {copied >> 20} MiB copying"
 
 
 @settings(max_examples=60, deadline=None)

@@ -20,6 +20,11 @@ read-only by ``SharedSegment.seal()``)::
     [128, 136) dict: position of the lookup permutation (n numbers: entries in key-byte order)
     ...        each column: n + 1 offsets into its data (item i is data[off[i]:off[i+1]]), its data
 
+A forked worker can also read the consumer's own list or tuple in place (``SharedList.inherited``,
+what ``share="auto"`` does for workers that fork): each read copies the item out through borrowed
+pointers (``_core.inherited_item``), writing nothing of the original, so its pages stay shared with no
+segment at all. Spawned workers need the segment: they inherit nothing.
+
 Plain values: exactly ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None`` and lists,
 tuples, dicts, sets and frozensets of them (subclasses refused: an ``OrderedDict`` or a
 ``numpy.str_`` would come back as another type). Items decode to equal values, new objects on
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from functools import partial
 import struct
 from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from itertools import accumulate, repeat
@@ -288,6 +294,28 @@ def _attach(handle: tuple) -> _Store:
         os.close(mine)
 
 
+class _Inherited:
+    """The store of a SharedList that reads a list or tuple this process inherited by fork, in place."""
+
+    columns = (None, None, None)
+
+    def __init__(self, items: Any) -> None:
+        self.items, self.n = items, len(items)
+        self.container = _TUPLE if type(items) is tuple else _LIST
+
+    def decoder(self, column: int) -> Any:
+        return partial(_core.inherited_item, self.items)
+
+    def nbytes(self) -> int:
+        return 0
+
+
+def _inherited(items: Any, origin: Optional[str]) -> Any:
+    obj = SharedList.__new__(SharedList)
+    obj._bind(_Inherited(items), origin)
+    return obj
+
+
 def _rebuild(cls: type, handle: tuple, origin: Optional[str]) -> Any:
     obj = cls.__new__(cls)
     obj._bind(_attach(handle), origin)
@@ -315,6 +343,8 @@ class _SharedBase:
             self._key = store.decoder(1)
 
     def __reduce__(self) -> tuple:
+        if isinstance(self._store, _Inherited):  # pickled (a spawned process): it carries the items
+            return (_inherited, (self._store.items, self._origin))
         return (_rebuild, (type(self), _handle(self._store), self._origin))
 
     def __copy__(self) -> Any:
@@ -325,7 +355,7 @@ class _SharedBase:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of shared memory it takes (header, offsets and data)."""
+        """Bytes of shared memory it takes (header, offsets and data; 0 read in place, ``inherited``)."""
         return self._store.nbytes()
 
     __setitem__ = __delitem__ = _read_only
@@ -348,6 +378,15 @@ class SharedList(_SharedBase, Sequence):
             items = list(items)
         container = _TUPLE if type(items) is tuple else _LIST
         self._bind(_Store.build(container, [_Column(items, "item"), None, None]), None)
+
+    @classmethod
+    def inherited(cls, items: Any) -> "SharedList":
+        """A SharedList over `items` itself (a list or tuple of plain values, ``_core.plain_values``), for
+        processes forked after it is made: each read copies the item out without writing the original,
+        whose pages then stay shared. No segment is made; `items` must not change while it is read."""
+        if type(items) not in (list, tuple) or not _core.plain_values(items):
+            raise TypeError("spindle: SharedList.inherited takes a list or tuple of plain values")
+        return _inherited(items, None)
 
     def __len__(self) -> int:
         return self._n

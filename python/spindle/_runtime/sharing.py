@@ -1,11 +1,13 @@
 """What the workers get of the dataset (``share="auto"``), and how much each worker pays for it.
 
-``share_for_workers(dataset, share)`` is the one call a front end makes where it builds the dataset
-its workers see. With ``"auto"`` the large attributes made of plain values (lists, tuples, dicts of
-str/bytes/int/float/bool/None) are replaced by :mod:`spindle.shared <.shared>` containers in a
-shallow copy of the dataset: forked workers then read the same pages instead of copying them as
-reference counts change, and spawned workers are handed a descriptor instead of the data. The
-user's own object is never changed. The walk goes one level into the dataset's attributes and
+``share_for_workers(dataset, share, forked)`` is the one call a front end makes where it builds the
+dataset its workers see. With ``"auto"`` the large attributes made of plain values (lists, tuples,
+dicts of str/bytes/int/float/bool/None) are replaced by :mod:`spindle.shared <.shared>` containers in
+a shallow copy of the dataset, so workers read the same pages instead of copying them as reference
+counts change. For forked workers a list or tuple is read in place (``SharedList.inherited``: no
+segment, nothing built or held twice); a dict, and anything for spawned workers, is stored once in a
+segment, whose descriptor a spawned worker is handed instead of the data. The user's own object is
+never changed. The walk goes one level into the dataset's attributes and
 into wrapped datasets (``Subset.dataset``, ``ConcatDataset.datasets``, a wrapper's ``dataset``).
 
 ``MemoryWatch`` reads each worker's private memory (USS, /proc/<pid>/smaps_rollup through
@@ -40,10 +42,10 @@ WORKER_GROWTH_WARN_BYTES = 256 << 20
 _MAX_DEPTH = 3  # the dataset, a wrapped dataset, and one more (Subset of a ConcatDataset's member)
 _SAMPLE = 32
 
-# (id(owner), attribute) -> (the value converted, its len, its container, or None: not convertible).
+# (id(owner), attribute, forked) -> (the value converted, its len, its container, or None: not convertible).
 # Each start of a loader finds the conversion made by an earlier one while the owner keeps the same
 # object of the same length; the entry goes with the owner.
-_memo: dict[tuple[int, str], tuple[Any, int, Optional[Any]]] = {}
+_memo: dict[tuple[int, str, bool], tuple[Any, int, Optional[Any]]] = {}
 # What the last walk found too large and could not (or was told not to) share: the memory watch names it.
 _unshared: list[str] = []
 
@@ -56,15 +58,16 @@ def check_share(share: Any) -> str:
     return share
 
 
-def share_for_workers(dataset: Any, share: str = "auto") -> Any:
+def share_for_workers(dataset: Any, share: str = "auto", forked: bool = True) -> Any:
     """The dataset the workers should get: with ``share="auto"``, a shallow copy whose large plain-value
     attributes are shared containers (one INFO line on logger "spindle" per conversion); the dataset
-    itself where nothing is converted, or with ``share="off"``."""
+    itself where nothing is converted, or with ``share="off"``. `forked`: the workers are forked from
+    this process (or are its threads), so a list can be read in place."""
     _unshared.clear()
     if check_share(share) == "off":
         _note_unshared(dataset, "dataset", 0, convert=False)
         return dataset
-    return _visit(dataset, "dataset", 0, set())
+    return _visit(dataset, "dataset", 0, set(), forked)
 
 
 def _is_container(value: Any) -> bool:
@@ -117,13 +120,21 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} of {len(value):,} {'entries' if type(value) is dict else 'items'}"
 
 
-def _convert(owner: Any, name: str, value: Any, path: str) -> Optional[Any]:
-    """value as a shared container (memoized per owner and attribute), or None if it cannot be."""
-    key = (id(owner), name)
+def _convert(owner: Any, name: str, value: Any, path: str, forked: bool) -> Optional[Any]:
+    """value as a shared container (memoized per owner, attribute and kind of worker), or None if it
+    cannot be."""
+    key = (id(owner), name, forked)
     memo = _memo.get(key)
     if memo is not None and memo[0] is value and memo[1] == len(value):
         return memo[2]
     estimate = _estimate_bytes(value)
+    if forked and type(value) is not dict and _core.plain_values(value):
+        converted = SharedList.inherited(value)
+        converted._origin = path
+        log.info("spindle: %s (%s, ~%s as Python objects) is read in place by the forked workers, its items "
+                 "copied out on each read so its pages stay shared (share=\"off\" lets each worker copy "
+                 "what it reads)", path, _describe(value), _mib(estimate))
+        return _remember(owner, key, value, converted)
     try:
         converted = SharedDict(value) if type(value) is dict else SharedList(value)
     except TypeError as exc:
@@ -136,7 +147,11 @@ def _convert(owner: Any, name: str, value: Any, path: str) -> Optional[Any]:
         log.info("spindle: %s (%s, ~%s as Python objects) is shared with the workers as one %s segment "
                  "(spindle.shared; share=\"off\" keeps a copy per worker)", path, _describe(value), _mib(estimate),
                  _mib(converted.nbytes))
-    if memo is None:
+    return _remember(owner, key, value, converted)
+
+
+def _remember(owner: Any, key: tuple, value: Any, converted: Optional[Any]) -> Optional[Any]:
+    if key not in _memo:
         try:
             weakref.finalize(owner, _memo.pop, key, None)
         except TypeError:  # not weak-referenceable: converted again at each start
@@ -145,7 +160,7 @@ def _convert(owner: Any, name: str, value: Any, path: str) -> Optional[Any]:
     return converted
 
 
-def _visit(obj: Any, path: str, depth: int, seen: set[int]) -> Any:
+def _visit(obj: Any, path: str, depth: int, seen: set[int], forked: bool) -> Any:
     """obj, or a shallow copy of it with its large plain attributes shared and its wrapped datasets visited."""
     attrs = getattr(obj, "__dict__", None)
     if depth >= _MAX_DEPTH or not isinstance(attrs, dict) or id(obj) in seen or is_shared(obj):
@@ -156,15 +171,15 @@ def _visit(obj: Any, path: str, depth: int, seen: set[int]) -> Any:
         where = f"{path}.{name}"
         if _is_container(value) and len(value) and not _holds_datasets(value):
             if _large(value):
-                converted = _convert(obj, name, value, where)
+                converted = _convert(obj, name, value, where, forked)
                 if converted is not None:
                     replaced[name] = converted
         elif type(value) in (list, tuple) and _holds_datasets(value):  # ConcatDataset.datasets
-            members = [_visit(m, f"{where}[{i}]", depth + 1, seen) for i, m in enumerate(value)]
+            members = [_visit(m, f"{where}[{i}]", depth + 1, seen, forked) for i, m in enumerate(value)]
             if any(m is not o for m, o in zip(members, value)):
                 replaced[name] = type(value)(members)
         elif _looks_like_dataset(value):
-            visited = _visit(value, where, depth + 1, seen)
+            visited = _visit(value, where, depth + 1, seen, forked)
             if visited is not value:
                 replaced[name] = visited
     if not replaced:

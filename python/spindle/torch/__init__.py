@@ -167,7 +167,7 @@ class _Engine(HasStats):
         batches, base_seed = self._resume_batches(batches, base_seed)
         if not len(batches):
             return iter(())
-        dataset = shared = _for_workers(loader.dataset, self._share)
+        dataset = shared = _for_workers(loader.dataset, self._share, not self._spawns())
         order, starts = batches.order, batches.starts
         if order is None:
             # A sampler yielding lists, slices, strings... (bulk loading with
@@ -281,7 +281,7 @@ class _Engine(HasStats):
 
         def start() -> _core.Loader:
             n = loader.batch_size if loader._auto_collation else 1
-            shared = _for_workers(loader.dataset, self._share)
+            shared = _for_workers(loader.dataset, self._share, not self._spawns())
             setup = partial(_setup_torch_worker, base_seed=base_seed, dataset=shared,
                             worker_init_fn=loader.worker_init_fn, shared_seed=shared_seed)
             transport = CollatedBatches(self._collate(), n, self._zero_copy())
@@ -784,10 +784,12 @@ class _ByPosition:
         raise AttributeError(name)
 
 
-def _for_workers(dataset: Any, share: str) -> Any:
+def _for_workers(dataset: Any, share: str, forked: bool) -> Any:
     """The dataset the workers get (share="auto": its large plain attributes shared); a DataPipe graph
     as it is (torch's graph functions find its nodes by traversal, which a copy would split)."""
-    return dataset if isinstance(dataset, (IterDataPipe, MapDataPipe)) else share_for_workers(dataset, share)
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        return dataset
+    return share_for_workers(dataset, share, forked)
 
 
 def _convert_one(convert: Callable[[Any], Any], samples: list[Any]) -> Any:
