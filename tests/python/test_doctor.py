@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -205,7 +206,7 @@ def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
 
 def test_doctor_pid_lists_the_consumer_and_its_workers(tmp_path):
     """Proves: `spindle doctor --pid <consumer> --json` lists the consumer and each of its spindle workers
-    (marked as such, with /proc's thread counts), and no other process of the uid."""
+    (marked as such, with /proc's thread counts and their private memory), and no other process of the uid."""
     with loader_tree() as (proc, tree, env):
         out = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--json", "--pid", str(proc.pid)],
                              capture_output=True, text=True, timeout=120, env=env)
@@ -215,6 +216,8 @@ def test_doctor_pid_lists_the_consumer_and_its_workers(tmp_path):
         assert not by_pid[proc.pid]["spindle_worker"]
         for w in tree["workers"]:
             assert (by_pid[w]["ppid"], by_pid[w]["spindle_worker"], by_pid[w]["threads"]) == (proc.pid, True, 1)
+            assert 0 < by_pid[w]["uss_bytes"] < 1 << 30, "a worker's private memory"
+        assert by_pid[proc.pid]["uss_bytes"] is None, "read for workers only"
         text = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--pid", str(proc.pid)],
                               capture_output=True, text=True, timeout=120, env=env).stdout
-        assert text.count("[spindle worker]") == len(tree["workers"]), text
+        assert len(re.findall(r"\[spindle worker, \d+\.\d MiB private\]", text)) == len(tree["workers"]), text
