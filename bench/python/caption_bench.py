@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import machine_info, write_results
+from machine import child_result, machine_info, write_results
 from spindle.bench.workloads import make_image_folder, pil_random_resized_crop_flip
 
 SIZE = 224
@@ -131,16 +131,9 @@ def child(name: str, shards: list[str], workers: int) -> int:
 
 
 def measure(name: str, args) -> dict:
-    import json
-    import subprocess
-
     cmd = [sys.executable, __file__, "--child", name, "--shards-dir", args.shards_dir, "--workers", str(args.workers),
            "--images", str(args.images), "--shards", str(args.shards)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"failed": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}"}
+    return child_result(cmd)
 
 
 def main() -> int:

@@ -17,7 +17,8 @@ from typing import Any
 # spindle.bench is imported inside the functions: grain's spawned workers re-import the
 # main module of grain_bench.py, which imports this one, and must not load spindle.
 
-__all__ = ["RESULTS_DIR", "ForeignCpu", "error_report", "kill_descendants", "load_average", "machine_info", "write_results"]
+__all__ = ["RESULTS_DIR", "ForeignCpu", "child_result", "error_report", "kill_descendants", "load_average", "machine_info",
+           "write_results"]
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +106,19 @@ def kill_descendants() -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def child_result(cmd: list[str], timeout: float = 900) -> dict[str, Any]:
+    """Runs one measurement in a fresh child process (`cmd`), which prints its numbers as one
+    ``RESULT {json}`` line: those numbers, or ``{"failed": ...}`` with the exit status and the
+    end of what it printed."""
+    import subprocess
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"failed": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}"}
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machine import machine_info, write_results
+from machine import child_result, machine_info, write_results
 from spindle.bench.tree import ProcessTree
 # The harness's folder and its PIL reading of it: one generator, one torchvision-like dataset.
 from spindle.bench.workloads import PilJpegFolder, folder_samples, make_image_folder
@@ -266,17 +266,10 @@ def child(name: str, root: Path, workers: int, samples: int) -> int:
 
 def measure(name: str, args) -> dict:
     """One run of a loader in a fresh child process."""
-    import json
-    import subprocess
-
     cmd = [sys.executable, __file__, "--child", name, "--recipe", args.recipe, "--root", args.root,
            "--workers", str(args.workers),
            "--samples", str(args.samples if name != "one thread" else args.samples // 2)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"failed": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}"}
+    return child_result(cmd)
 
 
 def main() -> int:

@@ -85,6 +85,27 @@ void register_worker(py::module_& m) {
           "`bytes` of the slot after those handed out so far (64-byte aligned, the slot grown to hold them), "
           "as a uint8 array to fill; a part only once add()ed.")
       .def(
+          "gather",
+          [](py::object self, const std::vector<py::buffer>& pieces) {
+            PartsWriter& writer = self.cast<PartsWriter&>();
+            std::vector<py::buffer_info> infos;
+            std::vector<std::span<const std::byte>> bytes;
+            infos.reserve(pieces.size());
+            bytes.reserve(pieces.size());
+            for (const py::buffer& piece : pieces) {
+              infos.push_back(piece.request());
+              bytes.push_back(contiguous_bytes(infos.back(), "gather"));
+            }
+            std::span<std::byte> room;
+            {
+              py::gil_scoped_release release;
+              room = writer.gather(bytes);
+            }
+            return py::array(py::dtype("|u1"), {static_cast<py::ssize_t>(room.size())}, {1}, room.data(), self);
+          },
+          py::arg("pieces"),
+          "allocate() for the pieces back to back, copied in: a batch's samples stacked, as a uint8 array.")
+      .def(
           "add",
           [](PartsWriter& writer, const py::buffer& data) {
             py::buffer_info info = data.request();

@@ -228,6 +228,10 @@ class PartsWriter:
         """
         Writes the parts' trailer and the slot's descriptor; commit next.
         """
+    def gather(self, pieces: collections.abc.Sequence[typing_extensions.Buffer]) -> numpy.ndarray:
+        """
+        allocate() for the pieces back to back, copied in: a batch's samples stacked, as a uint8 array.
+        """
 class WorkerContext:
     def begin_arrays(self, item: WorkItem, layout: SlotLayout, structure: bytes) -> list:
         """

@@ -26,11 +26,13 @@ from ._runtime.persistent import reset_or_restart
 from ._runtime.sharing import check_share, share_for_workers
 from ._runtime.start import LOADER_DEFAULTS, StartSpec, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
-from ._state.checkpoint import BatchSeeds, EpochCell, Position, Progress, dataset_key, new_state, torch_imported
-from ._state.elastic import load_position, rank_part, resplits_json
+from ._state.checkpoint import BatchSeeds, EpochCell, Progress, dataset_key, torch_imported
+from ._state.epoch_plan import EpochPlan
 from ._state.sharding import resolve_shard
 
 __all__ = ["DataLoader"]
+
+_FORMAT = "spindle.DataLoader"
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -199,53 +201,22 @@ class DataLoader(HasStats):
         self.persistent_workers = bool(persistent_workers)
         self._runtime: Optional[_core.Loader] = None
         self._persistent_epoch = 0
-        self._epoch = 0
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         self.share = check_share(share)
-        if seed is not None:
-            self._entropy = int(seed)
-        else:
-            self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
+        # The epochs' orders, their entropy, the length per rank and the checkpointed position.
+        self._plan = EpochPlan(dataset, self.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
+                               shard_drop_last=self.shard_drop_last, drop_last=self.drop_last)
         self._epoch_cell = EpochCell()  # read by persistent workers (their per-sample seeds)
-        self._resume_skip = 0  # batches of the next epoch to skip (load_state_dict)
-        self._resplits: tuple = ()  # the next epoch's earlier re-splits (an elastic resume)
-        self._position: Optional[Position] = None  # of the last epoch's iterator
 
     def __len__(self) -> int:
-        n = self._samples_per_rank()
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def _samples_per_rank(self) -> int:
-        n = len(self.dataset)
-        if self.shard is None:
-            return n
-        world = self.shard.world_size
-        return n // world if self.shard_drop_last else -(-n // world)
-
-    def _global_order(self, epoch: int) -> tuple[np.ndarray, np.random.Generator]:
-        """Epoch `epoch`'s order of all samples (every rank draws the same) and the generator it came from."""
-        rng = np.random.default_rng([self._entropy, epoch])
-        return (rng.permutation(len(self.dataset)) if self.shuffle else np.arange(len(self.dataset))), rng
-
-    def _epoch_order(self, resplits: tuple = ()) -> tuple[np.ndarray, int]:
-        """This epoch's sample order for this rank (int64, already cut for drop_last) and the workers' base seed."""
-        epoch = self._epoch
-        self._epoch += 1
-        order, rng = self._global_order(epoch)
-        order = rank_part(order, resplits, self.shard, self.shard_drop_last)
-        if self.drop_last:
-            order = order[:len(order) - len(order) % self.batch_size]
-        worker_seed = int(rng.integers(0, 2**62))
-        return np.ascontiguousarray(order, dtype=np.int64), worker_seed
+        return len(self._plan)
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, skip, resplits = self._epoch, self._resume_skip, self._resplits
-        self._resume_skip, self._resplits = 0, ()
-        order, worker_seed = self._epoch_order(resplits)
-        order = order[skip * self.batch_size:]  # resuming: the batches already handed out
-        self._position = position = Position(epoch, skip, resplits)
-        return Progress(self._epoch_iterator(order, worker_seed, epoch), position)
+        position = self._plan.begin()
+        order, worker_seed = self._plan.order(position.epoch, position.resplits)
+        order = order[position.yielded * self.batch_size:]  # resuming: the batches already handed out
+        return Progress(self._epoch_iterator(order, worker_seed, position.epoch), position)
 
     def _epoch_iterator(self, order: np.ndarray, worker_seed: int, epoch: int) -> Iterator[Any]:
         if len(order) == 0:
@@ -268,16 +239,8 @@ class DataLoader(HasStats):
 
         Taken mid-epoch, a loader given it resumes after the last batch handed out; taken
         after an epoch ended (or before any), at the start of the next epoch."""
-        progress = self._position
-        if progress is None or progress.finished:
-            epoch, batches, resplits = self._epoch, self._resume_skip, self._resplits
-        else:
-            if not self.in_order and self.num_workers > 0:
-                raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the "
-                                 "batches handed out are not a prefix of the epoch, so no position resumes it")
-            epoch, batches, resplits = progress.epoch, progress.yielded, progress.resplits
-        return new_state("spindle.DataLoader", epoch=epoch, batches=batches, resplits=resplits_json(resplits),
-                         **self._state_settings(), **self._shard_setting())
+        return self._plan.state(_FORMAT, {**self._state_settings(), **self._plan.shard_field()},
+                                exact_mid_epoch=self.in_order or self.num_workers == 0)
 
     def load_state_dict(self, state: Any) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next
@@ -286,27 +249,18 @@ class DataLoader(HasStats):
         With a shard, `state` may come from another world size or rank (elastic resume,
         docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
         of every old rank's state; the rest of the epoch is re-split over this loader's world."""
-        first = state[0] if isinstance(state, (list, tuple)) and state else state
-        if self.seed is None and isinstance(first, dict) and isinstance(first.get("seed"), int):
-            self._entropy = first["seed"]  # no seed of its own: the state's entropy is the order's
-        self._epoch, self._resplits, self._resume_skip = load_position(
-            state, "spindle.DataLoader", self._state_settings(), self.shard, self.shard_drop_last, self.batch_size,
-            lambda epoch: self._global_order(epoch)[0])
-        self._position = None
+        self._plan.load(state, _FORMAT, self._state_settings)
 
     def _state_settings(self) -> dict[str, Any]:
-        return dict(seed=self._entropy, samples=len(self.dataset), batch_size=self.batch_size,
+        return dict(seed=self._plan.entropy, samples=len(self.dataset), batch_size=self.batch_size,
                     shuffle=self.shuffle, drop_last=self.drop_last, shard_drop_last=self.shard_drop_last,
                     **dataset_key(self.dataset))
-
-    def _shard_setting(self) -> dict[str, Any]:
-        return dict(shard=None if self.shard is None else [self.shard.rank, self.shard.world_size])
 
     def _batch_seeds(self, epoch: Any) -> Optional[BatchSeeds]:
         """With a seed, the generators reseeded before each batch from (seed, epoch, its indices), so
         draws do not depend on the worker count or a resume (~10 us a batch); without one, the
         workers' per-worker seeds only."""
-        return BatchSeeds(self._entropy, epoch, torch_imported()) if self.seed is not None else None
+        return BatchSeeds(self._plan.entropy, epoch, torch_imported()) if self.seed is not None else None
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
         spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,

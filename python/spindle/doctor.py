@@ -119,16 +119,28 @@ def describe_process(pid: int) -> dict[str, Any] | None:
         out_groups.append(entry)
     cmdline = _cmdline(pid)
     parent = status.ppid
+    worker = _is_spindle_worker(loaded, cmdline, parent)
     return {
         "pid": pid,
         "ppid": parent,
         "name": status.name,
         "cmdline": cmdline,
         "threads": len(threads),
-        "spindle_worker": _is_spindle_worker(loaded, cmdline, parent),
+        "spindle_worker": worker,
+        # A worker's private memory (USS): a dataset the workers copy shows here (docs/shared_memory.md).
+        # Workers only: reading it walks the page tables, tens of milliseconds for a large process.
+        "uss_bytes": _uss(pid) if worker else None,
         "runtimes_loaded": loaded,
         "groups": out_groups,
     }
+
+
+def _uss(pid: int) -> int | None:
+    try:
+        memory = _core.process_memory(pid)
+    except OSError:
+        return None
+    return None if memory is None else memory.uss
 
 
 def _is_spindle_worker(loaded: list[str], cmdline: str, parent: int) -> bool:
@@ -250,7 +262,10 @@ def format_text(report: dict[str, Any], *, max_processes: int = 20) -> str:
     advice: dict[str, str] = {}
     for p in shown:
         cmd = p["cmdline"] if len(p["cmdline"]) <= 60 else p["cmdline"][:57] + "..."
-        worker = "  [spindle worker]" if p["spindle_worker"] else ""
+        worker = ""
+        if p["spindle_worker"]:
+            private = p.get("uss_bytes")
+            worker = "  [spindle worker]" if private is None else f"  [spindle worker, {private / 2**20:.1f} MiB private]"
         lines.append(f"  {p['pid']:>7}  {p['threads']:>4} threads  {cmd}{worker}")
         for g in p["groups"]:
             names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in g["names"].items())

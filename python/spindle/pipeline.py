@@ -38,8 +38,8 @@ from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
 from ._runtime.start import LOADER_DEFAULTS, StartSpec, start_pipeline
-from ._state.checkpoint import Position, Progress, new_state
-from ._state.elastic import load_position, rank_part, resplits_json, stream_resume_check
+from ._state.checkpoint import Progress
+from ._state.epoch_plan import EpochPlan
 from ._state.sharding import resolve_shard, shard_list
 from .errors import DataError, DecodeError, InternalError, SpindleError
 
@@ -376,47 +376,28 @@ class PipelineLoader(HasStats):
         self.byte_fields = byte_fields
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
         self._names = list(self._native.field_names)
-        self._epoch = 0
-        if seed is not None:
-            self._entropy = int(seed)
-        else:  # sharded: every rank must draw the same order (DistributedSampler's default seed is 0 too)
-            self._entropy = 0 if self.shard is not None else int(np.random.SeedSequence().entropy % 2**63)
-        self._resume_skip = 0
-        self._resplits: tuple = ()  # the next epoch's earlier re-splits (an elastic resume)
-        self._position: Optional[Position] = None
+        # The epochs' orders, their entropy, the length per rank and the checkpointed position.
+        self._plan = EpochPlan(self._native, pipeline.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
+                               shard_drop_last=self.shard_drop_last, drop_last=pipeline.drop_last)
 
     def __len__(self) -> int:
         if self._native.streaming:
             raise TypeError("a WebDataset pipeline is a stream: its length is not known before reading it")
-        n, b = len(self._native), self.pipeline.batch_size
-        if self.shard is not None:
-            world = self.shard.world_size
-            n = n // world if self.shard_drop_last else -(-n // world)
-        return n // b if self.pipeline.drop_last else -(-n // b)
+        return len(self._plan)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration runs (order and augmentation derive from it)."""
-        self._epoch = int(epoch)
+        self._plan.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        epoch, skip, resplits = self._epoch, self._resume_skip, self._resplits
-        self._epoch += 1
-        self._resume_skip, self._resplits = 0, ()
-        self._position = position = Position(epoch, skip, resplits)
-        return Progress(self._epoch_iterator(epoch, skip, resplits), position)
+        position = self._plan.begin()
+        return Progress(self._epoch_iterator(position.epoch, position.yielded, position.resplits), position)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned)."""
-        position = self._position
-        if position is None or position.finished:
-            epoch, batches, resplits = self._epoch, self._resume_skip, self._resplits
-        else:
-            epoch, batches, resplits = position.epoch, position.yielded, position.resplits
         # The checkpoint's format name is the one states were saved under (before the class was
         # renamed PipelineLoader): saved states keep loading.
-        return new_state(_FORMAT, epoch=epoch, batches=batches, resplits=resplits_json(resplits),
-                         shard=None if self.shard is None else [self.shard.rank, self.shard.world_size],
-                         **self._state_settings())
+        return self._plan.state(_FORMAT, {**self._plan.shard_field(), **self._state_settings()})
 
     def load_state_dict(self, state: Any) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next.
@@ -424,25 +405,11 @@ class PipelineLoader(HasStats):
         With a shard, `state` may come from another world size or rank (elastic resume,
         docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
         of every old rank's state. A WebDataset stream resumes mid-epoch at its own world size only."""
-        first = state[0] if isinstance(state, (list, tuple)) and state else state
-        if self.seed is None and isinstance(first, dict) and isinstance(first.get("seed"), int):
-            self._entropy = first["seed"]  # no seed of its own: the state's entropy is the order's
-        if self._native.streaming:
-            stream_resume_check(state, _FORMAT, self.shard)
-        self._epoch, self._resplits, self._resume_skip = load_position(
-            state, _FORMAT, self._state_settings(), self.shard, self.shard_drop_last, self.pipeline.batch_size,
-            self._global_order)
-        self._position = None
-
-    def _global_order(self, epoch: int) -> np.ndarray:
-        """Epoch `epoch`'s order of all samples (every rank draws the same)."""
-        n = len(self._native)
-        rng = np.random.default_rng([self._entropy, epoch])
-        return rng.permutation(n) if self.shuffle else np.arange(n)
+        self._plan.load(state, _FORMAT, self._state_settings, stream=self._native.streaming)
 
     def _state_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = dict(
-            seed=self._entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
+            seed=self._plan.entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
             samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
             shuffle=self.shuffle, shard_drop_last=self.shard_drop_last)
         if self._native.streaming:  # a stream's batch order depends on the worker count
@@ -450,17 +417,15 @@ class PipelineLoader(HasStats):
         return settings
 
     def _epoch_iterator(self, epoch: int, skip: int, resplits: tuple) -> Iterator[dict[str, np.ndarray]]:
-        order = rank_part(self._global_order(epoch), resplits, self.shard, self.shard_drop_last)
+        order, _ = self._plan.order(epoch, resplits)  # with drop_last, whole batches only
         if not self._native.streaming:
             order = order[skip * self.pipeline.batch_size:]  # resuming: the batches already handed out
-        order = np.ascontiguousarray(order, dtype=np.int64)
-        if not self._native.streaming and (
-                len(order) == 0 or (self.pipeline.drop_last and len(order) < self.pipeline.batch_size)):
-            return iter(())
+            if len(order) == 0:
+                return iter(())
         spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy)
-        runtime = start_pipeline(spec, self._native, order=order, seed=self._entropy, epoch=epoch,
+        runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
                                  threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
         it = _SkipWarnings(EpochIterator(runtime, decode, owns=True, reraise=_native_error,

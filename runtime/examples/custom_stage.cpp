@@ -10,12 +10,9 @@
 // With no argument it writes a small .npy of 40 images (72x96 RGB) to a
 // temporary file and reads that; with a folder in ImageNet layout it decodes
 // the JPEG/PNG files there instead.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -25,31 +22,9 @@
 #include <spindle/pipeline.hpp>
 #include <spindle/stage.hpp>
 
-namespace {
+#include "npy_images.hpp"
 
-// A .npy (format 1.0) of n images [n, h, w, 3] uint8 with a pattern per image.
-std::string write_npy(int n, int h, int w) {
-  char path[] = "/tmp/spindle-custom-stage-XXXXXX.npy";
-  const int fd = mkstemps(path, 4);
-  if (fd < 0) return "";
-  close(fd);
-  std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + std::to_string(n) + ", " +
-                       std::to_string(h) + ", " + std::to_string(w) + ", 3), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.put(static_cast<char>(header.size() & 0xff));
-  f.put(static_cast<char>(header.size() >> 8));
-  f << header;
-  for (int i = 0; i < n; ++i)
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) {
-        const char px[3] = {static_cast<char>(i * 6), static_cast<char>(y * 3), static_cast<char>(x * 2)};
-        f.write(px, 3);
-      }
-  return path;
-}
+namespace {
 
 // The user stage: sepia toning blended in by a strength in [0.5, 1) drawn
 // from the sample's own Rng (so every mode and worker count draws the same),
@@ -114,7 +89,7 @@ int main(int argc, char** argv) {
     o.stages.push_back(stages::decode());
     o.stages.push_back(stages::resize({72, 96}));
   } else {
-    npy = write_npy(40, 72, 96);
+    npy = spindle_examples::write_temp_npy_images("spindle-custom-stage", 40, 72, 96, {6, 3, 2});
     if (npy.empty()) return 2;
     o.npy = npy;
   }

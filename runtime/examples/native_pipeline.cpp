@@ -8,12 +8,9 @@
 // With no argument it writes a small .npy of 64 images (96x128 RGB) to a
 // temporary file and reads that; with a folder in ImageNet layout it decodes
 // the JPEG/PNG files there instead.
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -22,32 +19,9 @@
 #include <spindle/loader.hpp>
 #include <spindle/pipeline.hpp>
 
-namespace {
+#include "npy_images.hpp"
 
-// A .npy (format 1.0) of n images [n, h, w, 3] uint8 with a pattern per image.
-std::string write_npy(int n, int h, int w) {
-  char path[] = "/tmp/spindle-example-XXXXXX.npy";
-  const int fd = mkstemps(path, 4);
-  if (fd < 0) return "";
-  close(fd);
-  std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + std::to_string(n) + ", " +
-                       std::to_string(h) + ", " + std::to_string(w) + ", 3), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  f.write("\x93NUMPY\x01\x00", 8);
-  const uint16_t len = static_cast<uint16_t>(header.size());
-  f.put(static_cast<char>(len & 0xff));
-  f.put(static_cast<char>(len >> 8));
-  f << header;
-  for (int i = 0; i < n; ++i)
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) {
-        const char px[3] = {static_cast<char>(i * 3), static_cast<char>(y * 2), static_cast<char>(x)};
-        f.write(px, 3);
-      }
-  return path;
-}
+namespace {
 
 // Every batch of one epoch as (images, labels), read through the typed fields.
 std::vector<std::pair<std::vector<float>, std::vector<int64_t>>> run(spindle::Loader& loader) {
@@ -71,7 +45,7 @@ int main(int argc, char** argv) {
     o.image_folder = argv[1];
     o.stages.push_back(stages::decode());
   } else {
-    npy = write_npy(64, 96, 128);
+    npy = spindle_examples::write_temp_npy_images("spindle-example", 64, 96, 128, {3, 2, 1});
     if (npy.empty()) return 2;
     o.npy = npy;
   }

@@ -6,6 +6,7 @@
 
 #include <spindle/error.hpp>
 #include <spindle/detail/batch_ring.hpp>
+#include <spindle/detail/ring_copy.hpp>
 #include <spindle/slot_layout.hpp>
 
 namespace spindle {
@@ -20,6 +21,19 @@ std::span<std::byte> PartsWriter::allocate(uint64_t bytes) {
   std::span<std::byte> out = ctx_.reserve(item_, at + bytes);
   used_ = at + bytes;
   return out.subspan(at, bytes);
+}
+
+std::span<std::byte> PartsWriter::gather(std::span<const std::span<const std::byte>> pieces) {
+  uint64_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  std::span<std::byte> room = allocate(total);
+  std::byte* at = room.data();
+  for (const auto& piece : pieces) {
+    detail::copy_into_ring(at, piece.data(), piece.size());
+    at += piece.size();
+  }
+  detail::ring_copy_fence();
+  return room;
 }
 
 void PartsWriter::add(std::span<const std::byte> bytes) {

@@ -13,6 +13,8 @@
 
 #include <spindle/loader.hpp>
 
+#include "test_support.hpp"
+
 namespace spindle {
 namespace {
 
@@ -34,11 +36,7 @@ WorkerMain sleepy(std::chrono::milliseconds per_sample, int64_t only = -1) {
 }
 
 LoaderOptions options(int workers, uint32_t batch) {
-  LoaderOptions o;
-  o.num_workers = workers;
-  o.batch_capacity = batch;
-  o.slot_bytes = kSampleBytes * batch;
-  return o;
+  return testing::fixed_sample_options(workers, batch, kSampleBytes);
 }
 
 // Proves: batches, samples and waits are counted, the workers' samples add up to the total,

@@ -60,11 +60,7 @@ std::vector<std::vector<int64_t>> make_batches(int64_t n, uint32_t batch) {
 }
 
 LoaderOptions options(int workers, uint32_t batch) {
-  LoaderOptions o;
-  o.num_workers = workers;
-  o.batch_capacity = batch;
-  o.slot_bytes = kSampleBytes * batch;
-  return o;
+  return testing::fixed_sample_options(workers, batch, kSampleBytes);
 }
 
 // The batch holds exactly `expected` samples, each with its own bytes.

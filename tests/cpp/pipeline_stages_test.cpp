@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "jpeg_encode.hpp"
+#include "npy_images.hpp"  // runtime/examples
 #include "test_support.hpp"
 
 namespace spindle {
@@ -23,24 +24,10 @@ namespace {
 
 using testing::TempDir;
 
-// A .npy of n images [n, h, w, 3] uint8, a pattern per image.
+// A .npy of n images [n, h, w, 3] uint8, a pattern per image (the examples' writer).
 std::string write_npy(const TempDir& dir, int n, int h, int w) {
   const std::string path = (dir.path() / "images.npy").string();
-  std::string header = "{'descr': '|u1', 'fortran_order': False, 'shape': (" + std::to_string(n) + ", " +
-                       std::to_string(h) + ", " + std::to_string(w) + ", 3), }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.put(static_cast<char>(header.size() & 0xff));
-  f.put(static_cast<char>(header.size() >> 8));
-  f << header;
-  for (int i = 0; i < n; ++i)
-    for (int y = 0; y < h; ++y)
-      for (int x = 0; x < w; ++x) {
-        const char px[3] = {static_cast<char>(i * 7), static_cast<char>(y * 3), static_cast<char>(x * 5)};
-        f.write(px, 3);
-      }
+  EXPECT_TRUE(spindle_examples::write_npy_images(path, n, h, w, {7, 3, 5})) << path;
   return path;
 }
 

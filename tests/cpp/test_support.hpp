@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include <spindle/loader.hpp>
+
 namespace spindle::testing {
 
 // A directory under /tmp, removed with everything in it.
@@ -224,6 +226,16 @@ inline std::optional<std::string> run_in_pid_namespace(const std::function<std::
 // Inside run_in_pid_namespace: forks a child that sleeps until killed and
 // gets pid `pid` (free again after its process was reaped), via ns_last_pid.
 // Returns the child's pid, which differs from `pid` only if that failed.
+// Options for `workers` workers and batches of up to `batch` samples of
+// `sample_bytes` each: slots of exactly the size such a batch needs.
+inline LoaderOptions fixed_sample_options(int workers, uint32_t batch, uint64_t sample_bytes) {
+  LoaderOptions o;
+  o.num_workers = workers;
+  o.batch_capacity = batch;
+  o.slot_bytes = sample_bytes * batch;
+  return o;
+}
+
 // Samples 0..n-1 in order, cut into batches of `size` (the last one shorter).
 inline std::vector<std::vector<int64_t>> consecutive_batches(int64_t n, int64_t size) {
   std::vector<std::vector<int64_t>> out;

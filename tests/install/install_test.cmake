@@ -1,7 +1,7 @@
 # ctest InstalledPackage.*: installs the build tree BUILD_DIR into a prefix
 # under WORK_DIR, then
 #   find_package: configures tests/install/consumer (copied out of the source
-#     tree, with every runtime/examples/*.cpp) against the installed copy
+#     tree, with every runtime/examples/*.cpp and the header they share) against the installed copy
 #     only, builds it, and runs each example with no arguments (each verifies
 #     its own results and exits 0);
 #   pkg_config: builds one example with a plain
@@ -25,7 +25,7 @@ endif()
 file(GLOB_RECURSE installed_detail RELATIVE ${prefix}/include ${prefix}/include/spindle/detail/*)
 message(STATUS "internal headers installed: ${installed_detail}")
 
-file(GLOB examples ${SOURCE_DIR}/runtime/examples/*.cpp)
+file(GLOB examples ${SOURCE_DIR}/runtime/examples/*.cpp ${SOURCE_DIR}/runtime/examples/*.hpp)
 
 if(MODE STREQUAL "find_package")
   set(src ${WORK_DIR}/consumer)

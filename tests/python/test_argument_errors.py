@@ -41,8 +41,8 @@ def leaks_binding(error):
 
 
 DS = Squares()
-# Arguments torch refuses in its constructor: (kwargs, dataset).
-CONSTRUCTOR_CASES = [
+# Arguments spindle.DataLoader shares with torch's, refused as torch refuses them.
+SHARED_CASES = [
     dict(num_workers=-1),
     dict(num_workers="2"),
     dict(timeout=-1),
@@ -51,8 +51,11 @@ CONSTRUCTOR_CASES = [
     dict(batch_size="8"),
     dict(batch_size=2.5),
     dict(num_workers=2, prefetch_factor=-1),
-    dict(prefetch_factor=2),
     dict(persistent_workers=True),
+]
+# Arguments torch refuses in its constructor: those above, and the ones spindle.DataLoader does not take.
+CONSTRUCTOR_CASES = SHARED_CASES + [
+    dict(prefetch_factor=2),
     dict(sampler=SequentialSampler(DS), shuffle=True),
     dict(batch_sampler=[[0, 1]], batch_size=4),
     dict(batch_sampler=[[0, 1]], shuffle=True),
@@ -90,20 +93,6 @@ def test_a_fractional_worker_count_is_torchs_type_error_at_construction():
     assert raised(lambda: spindle.torch.DataLoader(DS, num_workers=2, prefetch_factor=2.5)) == want
     assert raised(lambda: spindle.DataLoader(DS, num_workers=2.5)) == want
     assert raised(lambda: spindle.DataLoader(DS, num_workers=2, prefetch_factor=2.5)) == want
-
-
-# Arguments spindle.DataLoader shares with torch's, refused as torch refuses them.
-SHARED_CASES = [
-    dict(num_workers=-1),
-    dict(num_workers="2"),
-    dict(timeout=-1),
-    dict(timeout="5"),
-    dict(batch_size=0),
-    dict(batch_size="8"),
-    dict(batch_size=2.5),
-    dict(num_workers=2, prefetch_factor=-1),
-    dict(persistent_workers=True),
-]
 
 
 @pytest.mark.parametrize("kwargs", SHARED_CASES, ids=lambda k: ",".join(f"{a}={b!r}" for a, b in k.items()))

@@ -13,6 +13,7 @@ import pytest
 import spindle
 from spindle import pipeline as sp
 from spindle._state.sharding import Shard, resolve_shard, shard_order
+from toy_datasets import save_index_images
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DistributedSampler  # noqa: E402
@@ -38,14 +39,8 @@ class Ids:
         return {"id": np.int64(i), "noise": noise}
 
 
-class PlainIds:
+class PlainIds(Ids):
     """Sample i is the tensor [i] (nothing random: batches must equal torchdata's exactly)."""
-
-    def __init__(self, n: int = 50) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int):
         return torch.tensor([i])
@@ -232,13 +227,7 @@ def test_persistent_workers_resume_and_draw_per_epoch():
 @pytest.fixture(scope="module")
 def npy(tmp_path_factory):
     """40 images 6x8x3 whose pixels encode the index and are not left-right symmetric (a flip shows)."""
-    path = tmp_path_factory.mktemp("npy") / "images.npy"
-    images = np.zeros((40, 6, 8, 3), np.uint8)
-    for i in range(40):
-        images[i] = i
-        images[i, :, 0, 0] = 200
-    np.save(path, images)
-    return path
+    return save_index_images(tmp_path_factory.mktemp("npy") / "images.npy", 40, (6, 8, 3))
 
 
 def native(batches):

@@ -109,8 +109,9 @@ def test_the_docs_links_to_a_section_name_a_heading_of_that_page():
     assert not broken, "links to missing sections:\n" + "\n".join(broken)
 
 
-def _api_reference():
-    spec = importlib.util.spec_from_file_location("api_reference", ROOT / "docs" / "api_reference.py")
+def _script(path: str):
+    """The module of a script of the repository that is not a package (docs/api_reference.py, ...)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -120,7 +121,7 @@ def test_every_public_name_in_the_api_reference_has_a_docstring():
     """Proves: `make docs` renders a docstring for every public module, class, function and method."""
     import pdoc.doc
 
-    api = _api_reference()
+    api = _script("docs/api_reference.py")
     missing = []
 
     def walk(doc):
@@ -153,24 +154,17 @@ def test_every_docs_page_states_the_question_it_answers():
     assert not missing, "pages without a **Question:** line at the top: " + ", ".join(missing)
 
 
-def _report_docs():
-    spec = importlib.util.spec_from_file_location("report_docs", ROOT / "bench" / "report_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_benchmark_tables_are_rendered_from_the_results_json():
     """Proves: every generated table of docs/benchmarks.md is what bench/report_docs.py renders from
     bench/results/*.json now (run `python bench/report_docs.py` after a new result)."""
-    report = _report_docs()
+    report = _script("bench/report_docs.py")
     page = report.PAGE.read_text()
     assert report.render(page) == page, "docs/benchmarks.md is out of date: run python bench/report_docs.py"
 
 
 def test_the_benchmark_check_catches_an_edited_figure():
     """Proves: a figure changed by hand inside a generated part is seen as out of date."""
-    report = _report_docs()
+    report = _script("bench/report_docs.py")
     page = report.PAGE.read_text()
     part = report.PART.search(page)
     cut = part.start("body") + part.group("body").index("| spindle | ") + len("| spindle | ")

@@ -1,7 +1,9 @@
 """spindle doctor: its report agrees with /proc on a process started with known threads."""
 
+import contextlib
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -156,17 +158,30 @@ TREE = textwrap.dedent("""
 """)
 
 
-def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
-    """Proves: on a spindle loader tree, `spindle doctor --json` (all processes of the uid) lists the consumer
-    and each worker with the thread counts of /proc, groups the consumer's threads by runtime (Python threads
-    by name prefix, OpenBLAS), marks the workers as spindle workers of that consumer, and shows the
-    consumer's live lease: 2 workers started, its arena threads pending."""
+@contextlib.contextmanager
+def loader_tree():
+    """TREE running, with a ledger of its own and no *_NUM_THREADS from this environment: (its process,
+    what it printed, the environment to run the doctor in). Killed and its ledger removed after."""
     ledger = f"/dev/shm/spindle-ledger-doctor.{os.getpid()}.{time.monotonic_ns()}"
     env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
     env["SPINDLE_LEDGER_PATH"] = ledger
     proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        tree = json.loads(proc.stdout.readline())
+        yield proc, json.loads(proc.stdout.readline()), env
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        if os.path.lexists(ledger):
+            os.unlink(ledger)
+
+
+def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
+    """Proves: on a spindle loader tree, `spindle doctor --json` (all processes of the uid) lists the consumer
+    and each worker with the thread counts of /proc, groups the consumer's threads by runtime (Python threads
+    by name prefix, OpenBLAS), marks the workers as spindle workers of that consumer, and shows the
+    consumer's live lease: 2 workers started, its arena threads pending."""
+    with loader_tree() as (proc, tree, env):
         out = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--json"], capture_output=True, text=True,
                              timeout=120, env=env)
         assert out.returncode == 0, out.stderr
@@ -187,22 +202,12 @@ def test_doctor_json_agrees_with_proc_on_a_loader_tree(tmp_path):
             assert worker["threads"] == len(os.listdir(f"/proc/{w}/task")) == 1, worker
         leases = [e for e in report["leases"]["entries"] if e["pid"] == proc.pid]
         assert [(e["alive"], e["tasks"], e["pending"]) for e in leases] == [(True, 2 + tree["arena"], tree["arena"])]
-    finally:
-        proc.kill()
-        proc.wait()
-        if os.path.lexists(ledger):
-            os.unlink(ledger)
 
 
 def test_doctor_pid_lists_the_consumer_and_its_workers(tmp_path):
     """Proves: `spindle doctor --pid <consumer> --json` lists the consumer and each of its spindle workers
-    (marked as such, with /proc's thread counts), and no other process of the uid."""
-    ledger = f"/dev/shm/spindle-ledger-doctor.{os.getpid()}.{time.monotonic_ns()}"
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    env["SPINDLE_LEDGER_PATH"] = ledger
-    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        tree = json.loads(proc.stdout.readline())
+    (marked as such, with /proc's thread counts and their private memory), and no other process of the uid."""
+    with loader_tree() as (proc, tree, env):
         out = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--json", "--pid", str(proc.pid)],
                              capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
@@ -211,11 +216,8 @@ def test_doctor_pid_lists_the_consumer_and_its_workers(tmp_path):
         assert not by_pid[proc.pid]["spindle_worker"]
         for w in tree["workers"]:
             assert (by_pid[w]["ppid"], by_pid[w]["spindle_worker"], by_pid[w]["threads"]) == (proc.pid, True, 1)
+            assert 0 < by_pid[w]["uss_bytes"] < 1 << 30, "a worker's private memory"
+        assert by_pid[proc.pid]["uss_bytes"] is None, "read for workers only"
         text = subprocess.run([sys.executable, "-m", "spindle", "doctor", "--pid", str(proc.pid)],
                               capture_output=True, text=True, timeout=120, env=env).stdout
-        assert text.count("[spindle worker]") == len(tree["workers"]), text
-    finally:
-        proc.kill()
-        proc.wait()
-        if os.path.lexists(ledger):
-            os.unlink(ledger)
+        assert len(re.findall(r"\[spindle worker, \d+\.\d MiB private\]", text)) == len(tree["workers"]), text

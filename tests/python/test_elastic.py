@@ -19,6 +19,7 @@ import spindle
 import spindle.pipeline as sp
 from spindle._state.elastic import Resume, rank_part, read_resume, resolve
 from spindle._state.sharding import Shard, shard_order
+from toy_datasets import save_index_images
 
 BATCH = 3
 
@@ -176,19 +177,15 @@ def test_dataloader_resumes_on_another_world_size_from_rank_0s_state_and_from_ev
 
 @pytest.fixture(scope="module")
 def npy(tmp_path_factory):
-    path = tmp_path_factory.mktemp("npy") / "images.npy"
-    images = np.zeros((41, 2, 2, 3), np.uint8)
-    for i in range(41):
-        images[i] = i
-    np.save(path, images)
-    return path
+    """41 images 2x2x3 whose pixels (column 1) encode the index."""
+    return save_index_images(tmp_path_factory.mktemp("npy") / "images.npy", 41, (2, 2, 3))
 
 
 def test_native_loader_resumes_on_another_world_size(npy):
     """Proves: the native PipelineLoader, 4 ranks padded (41 samples) stopped after 2 batches, resumed on 3
     ranks from rank 0's state: each sample once but for the documented pad, as the arithmetic says."""
     pipe = sp.arrays(npy).batch(BATCH)
-    sample_ids = lambda batches: [int(v) for b in batches for v in b["image"][:, 0, 0, 0]]  # noqa: E731
+    sample_ids = lambda batches: [int(v) for b in batches for v in b["image"][:, 0, 1, 0]]  # noqa: E731
     old = [spindle.PipelineLoader(pipe, num_workers=1, shuffle=True, seed=8, shard=(r, 4)) for r in range(4)]
     its = [iter(loader) for loader in old]
     before = [sample_ids([next(it), next(it)]) for it in its]

@@ -158,72 +158,57 @@ def test_a_hugging_face_dataset_in_numpy_format_gives_no_thread_warning():
     assert len(rest) == 9
 
 
-def test_the_watchdog_allows_arrows_one_pool_thread_and_no_more():
-    """Proves: with pyarrow loaded, a worker of 2 threads (its own and Arrow's pool thread) is not warned
-    about, one of 3 is, naming its thread count."""
+def _watchdog_on(code):
+    """Runs `code` in a new interpreter until it prints "up", then lets a ThreadWatchdog (leases as a
+    worker's) look at that process once: (whether it warned, the warnings' texts). The process is
+    killed after."""
     import subprocess
     import sys
     import warnings
 
-    pytest.importorskip("pyarrow")
     from spindle._budget.caps import ThreadWatchdog
 
-    def process_with(threads):
-        code = ("import threading, time\n"
-                f"for _ in range({threads - 1}): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-                "print('up', flush=True); time.sleep(60)\n")
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
         assert proc.stdout.readline() == "up\n"
-        return proc
+        dog = ThreadWatchdog(lambda: [proc.pid], period=0)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            dog.poll()
+        return dog.warned, [str(w.message) for w in seen]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
 
+
+def test_the_watchdog_allows_arrows_one_pool_thread_and_no_more():
+    """Proves: with pyarrow loaded, a worker of 2 threads (its own and Arrow's pool thread) is not warned
+    about, one of 3 is, naming its thread count."""
+    pytest.importorskip("pyarrow")
     for threads, warns in ((2, False), (3, True)):
-        proc = process_with(threads)
-        try:
-            dog = ThreadWatchdog(lambda: [proc.pid], period=0)
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                dog.poll()
-            texts = [str(w.message) for w in seen]
-            assert dog.warned == warns and len(texts) == warns, texts
-            assert not warns or f"runs {threads} threads" in texts[0], texts
-        finally:
-            proc.kill()
-            proc.wait()
+        warned, texts = _watchdog_on(
+            "import threading, time\n"
+            f"for _ in range({threads - 1}): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            "print('up', flush=True); time.sleep(60)\n")
+        assert warned == warns and len(texts) == warns, texts
+        assert not warns or f"runs {threads} threads" in texts[0], texts
 
 
 def test_the_watchdog_does_not_count_arrows_one_allocator_thread():
     """Proves: a worker's one jemalloc background thread (Arrow's allocator, started where Arrow
     allocates; no user cap stops it) is not counted against its lease; a second one is."""
-    import subprocess
     import sys
-    import warnings
-
-    from spindle._budget.caps import ThreadWatchdog
-
-    def process_with(plain_threads, allocator_threads):
-        code = ("import ctypes, threading, time\n"
-                "def named():\n"
-                "    ctypes.CDLL(None).prctl(15, b'jemalloc_bg_thd')  # PR_SET_NAME\n"
-                "    time.sleep(60)\n"
-                f"for _ in range({plain_threads}): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-                f"for _ in range({allocator_threads}): threading.Thread(target=named, daemon=True).start()\n"
-                "time.sleep(0.2); print('up', flush=True); time.sleep(60)\n")
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline() == "up\n"
-        return proc
 
     lease = 1 + (1 if "pyarrow" in sys.modules else 0)  # the worker's own thread, and Arrow's pool thread
     for allocator_threads, warns in ((1, False), (2, True)):
-        proc = process_with(lease - 1, allocator_threads)  # a full lease, then the allocator's threads
-        try:
-            dog = ThreadWatchdog(lambda: [proc.pid], period=0)
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                dog.poll()
-            texts = [str(w.message) for w in seen]
-            assert dog.warned == warns and len(texts) == warns, texts
-            assert not warns or "jemalloc_bg_thd x2" in texts[0], texts
-        finally:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
+        warned, texts = _watchdog_on(  # a full lease, then the allocator's threads
+            "import ctypes, threading, time\n"
+            "def named():\n"
+            "    ctypes.CDLL(None).prctl(15, b'jemalloc_bg_thd')  # PR_SET_NAME\n"
+            "    time.sleep(60)\n"
+            f"for _ in range({lease - 1}): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+            f"for _ in range({allocator_threads}): threading.Thread(target=named, daemon=True).start()\n"
+            "time.sleep(0.2); print('up', flush=True); time.sleep(60)\n")
+        assert warned == warns and len(texts) == warns, texts
+        assert not warns or "jemalloc_bg_thd x2" in texts[0], texts

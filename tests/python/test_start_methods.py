@@ -8,35 +8,13 @@ Base package only: this file runs in the 3.12/3.13 matrix too.
 """
 
 import multiprocessing
-import os
 
 import pytest
 
 import spindle
+from toy_datasets import CountsUnderSemaphore
 
 SAMPLES = 6
-
-
-class CountsUnderSemaphore:
-    """mp.Value (with its own lock) and mp.Semaphore of the default context; each sample counts
-    itself under both."""
-
-    def __init__(self):
-        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
-        self.slots = multiprocessing.Semaphore(2)
-
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        with self.slots, self.count.get_lock():
-            self.count.value += 1
-        return i
-
-    def names_exist(self):
-        """Whether both named semaphores are still in /dev/shm."""
-        return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
-                for lock in (self.count.get_lock(), self.slots)]
 
 
 def count_once(dataset):
@@ -56,7 +34,7 @@ def test_forked_workers_under_the_forkserver_default_share_a_value_and_a_semapho
     """Proves: after set_start_method('forkserver'), a dataset holding mp.Value(lock=True) and mp.Semaphore
     loads in spindle.DataLoader's workers (every sample counted once in the consumer's Value, two epochs),
     and after their end a forkserver child of multiprocessing still opens both semaphores by name."""
-    dataset = CountsUnderSemaphore()
+    dataset = CountsUnderSemaphore(SAMPLES)
     assert all(name is not None for name in (dataset.count.get_lock()._semlock.name, dataset.slots._semlock.name))
     loader = spindle.DataLoader(dataset, batch_size=2, num_workers=2)
     for epoch in (1, 2):

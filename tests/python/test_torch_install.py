@@ -163,6 +163,33 @@ def test_an_epoch_left_early_leaves_the_generator_where_torch_leaves_it(stop_aft
     assert torch.equal(ours[1], torchs[1]), "the generator must be where torch leaves it"
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["generator", "global"])
+@pytest.mark.parametrize("n,batch_size", [(12, 4), (14, 4), (5, 8), (1, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shuffled_batches_draw_as_torchs_batch_sampler_at_every_step(given, n, batch_size, drop_last):
+    """Proves: spindle's iterator over BatchSampler(RandomSampler) (the permutation kept as a tensor) gives
+    torch's batches and leaves the generator (the sampler's, or the global one it seeds from) in torch's
+    state after every batch, at the end and after it."""
+    from spindle.torch import _index_iter
+
+    def steps(make_iter):
+        torch.manual_seed(5)
+        generator = torch.Generator().manual_seed(3) if given else None
+        index = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(n), generator=generator),
+                                              batch_size, drop_last)
+        it = make_iter(index)
+        out = []
+        for _ in range(n // batch_size + 3):
+            batch = next(it, None)
+            state = (generator if given else torch.default_generator).get_state()
+            out.append((batch, state))
+        return out
+
+    ours, torchs = steps(_index_iter), steps(iter)
+    assert [b for b, _ in ours] == [b for b, _ in torchs]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(ours, torchs))
+
+
 def test_a_framework_setting_the_shards_epoch_wins_over_spindles_count():
     """Proves: with shard=, sampler.set_epoch(e) called by a framework before iter() decides the epoch's
     order; without it the loader counts epochs itself."""

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchLoader, Dataset, get_worker_info  # noqa: E402
 
 from spindle.torch import DataLoader  # noqa: E402
+from toy_datasets import CountsUnderSemaphore  # noqa: E402
 
 SAMPLES = 6
 WORKERS = 2
@@ -239,29 +240,6 @@ def test_multiprocessing_sees_a_spawned_worker_as_a_child_of_the_consumer(method
         assert rows.tolist() == expected, cls
 
 
-class CountsUnderSemaphore(Dataset):
-    """mp.Value (with its own lock) and mp.Semaphore of the default context, as a script that sets a
-    start method globally makes them; each sample counts itself under both."""
-
-    def __init__(self):
-        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
-        self.slots = multiprocessing.Semaphore(2)
-
-    def __len__(self):
-        return SAMPLES
-
-    def __getitem__(self, i):
-        with self.slots, self.count.get_lock():
-            self.count.value += 1
-        return torch.tensor(i)
-
-    def names_exist(self):
-        """Whether both named semaphores are still in /dev/shm (a worker's exit must not unlink them)."""
-        import os
-        return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
-                for lock in (self.count.get_lock(), self.slots)]
-
-
 def test_the_global_forkserver_start_method_carries_a_value_and_a_semaphore_like_torch():
     """Proves: after set_start_method('forkserver') (Python 3.14's default), one dataset holding
     mp.Value(lock=True) and mp.Semaphore loads in torch's and spindle.torch's spawned workers, and in
@@ -271,7 +249,7 @@ def test_the_global_forkserver_start_method_carries_a_value_and_a_semaphore_like
     before = multiprocessing.get_start_method(allow_none=True)
     multiprocessing.set_start_method("forkserver", force=True)
     try:
-        dataset = CountsUnderSemaphore()
+        dataset = CountsUnderSemaphore(SAMPLES)
         assert dataset.names_exist() == [True, True]
         got = []
         for cls in (BaseLoader, TorchLoader, DataLoader, TorchLoader):

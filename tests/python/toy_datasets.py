@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import faulthandler
+import multiprocessing
 import os
 import resource
 import signal
@@ -108,3 +109,37 @@ class SlowAt(Images):
         if i == self.slow:
             time.sleep(self.seconds)
         return super().__getitem__(i)
+
+
+class CountsUnderSemaphore:
+    """An mp.Value (with its own lock) and an mp.Semaphore of the default context, as a script that
+    sets a start method globally makes them; each of the `n` samples counts itself under both."""
+
+    def __init__(self, n: int = 6) -> None:
+        self.n = n
+        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
+        self.slots = multiprocessing.Semaphore(2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        with self.slots, self.count.get_lock():
+            self.count.value += 1
+        return i
+
+    def names_exist(self) -> list[bool]:
+        """Whether both named semaphores are still in /dev/shm (a worker's exit must not unlink them)."""
+        return [os.path.exists("/dev/shm/sem." + lock._semlock.name.lstrip("/"))
+                for lock in (self.count.get_lock(), self.slots)]
+
+
+def save_index_images(path, n: int, shape=(6, 8, 3)):
+    """Saves `n` uint8 images of `shape` as a .npy at `path` and returns it: image i is filled with i
+    (n <= 200), but for column 0 of channel 0, which is 200, so that a left-right flip shows."""
+    images = np.zeros((n, *shape), np.uint8)
+    for i in range(n):
+        images[i] = i
+        images[i, :, 0, 0] = 200
+    np.save(path, images)
+    return path

@@ -132,6 +132,7 @@ class TreePeaks:
     threads: int = 0
     processes: int = 0
     pss_kib: int = 0
+    pss_settled: bool = False  # pss_kib is from a look at an unchanging tree (else: no such look yet)
     uid_tasks: int = 0
     polls: int = 0
     pids_seen: set[int] = field(default_factory=set)
@@ -190,7 +191,15 @@ class TreeSampler(Poller):
             p.processes = max(p.processes, len(tree))
             p.pids_seen.update(tree)
             if p.polls % self.pss_every == 0:
-                p.pss_kib = max(p.pss_kib, sum(pss_kib(pid) for pid in tree))
+                total = sum(pss_kib(pid) for pid in tree)
+                # PSS splits a shared page among the processes mapping it when each is read: a worker
+                # forked or ended while the tree is read makes the sum count shared pages twice (or
+                # not at all), so such a look counts only until a look at an unchanging tree.
+                if self.tree.stats().keys() == tree.keys():
+                    p.pss_kib = max(p.pss_kib, total) if p.pss_settled else total
+                    p.pss_settled = True
+                elif not p.pss_settled:
+                    p.pss_kib = max(p.pss_kib, total)
         if self.uid is not None:
             p.uid_tasks = max(p.uid_tasks, uid_tasks(self.uid))
         p.polls += 1

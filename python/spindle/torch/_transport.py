@@ -92,7 +92,11 @@ def stack_into_slot(batch: list[torch.Tensor]) -> Optional[torch.Tensor]:
     numel = sum(x.numel() for x in batch)
     if numel != len(batch) * elem.numel():
         return None
-    room = parts.allocate(numel * elem.element_size())
+    if all(x.dtype == elem.dtype and x.shape == elem.shape for x in batch):
+        rows = [x.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8).numpy() for x in batch]
+        room = parts.gather(rows)  # copied in as the array path copies samples (streaming stores)
+        return torch.from_numpy(room).view(elem.dtype).view(len(batch), *elem.shape)
+    room = parts.allocate(numel * elem.element_size())  # torch's stack decides what mixed dtypes give
     out = torch.from_numpy(room).view(elem.dtype).view(len(batch), *elem.shape)
     return torch.stack(batch, 0, out=out)
 

@@ -34,6 +34,9 @@ class PartsWriter {
   // `bytes` of the slot after everything handed out so far, for the caller to
   // fill (a tensor the batch is stacked into); a part only once add()ed.
   std::span<std::byte> allocate(uint64_t bytes);
+  // allocate() for the pieces back to back, copied in (streaming stores for
+  // large ones, as every copy into a slot): a batch's samples stacked.
+  std::span<std::byte> gather(std::span<const std::span<const std::byte>> pieces);
   // The next part: in place if `bytes` lie in what allocate() handed out,
   // else copied into new room. Throws std::invalid_argument if they straddle
   // its end.
