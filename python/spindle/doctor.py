@@ -19,6 +19,7 @@ from . import _core
 from ._core import ThreadBudget
 from ._budget.runtimes import RUNTIMES
 from ._budget.threads import mapped_libraries, name_prefix, process_threads, runtimes_of_libraries
+from ._runtime.sharing import worker_memory
 
 # What removes or shrinks each pool, one sentence per runtime, the variable first (the runtime table's).
 ADVICE: dict[str, str] = {r.name: r.advice for r in RUNTIMES if r.advice}
@@ -136,10 +137,7 @@ def describe_process(pid: int) -> dict[str, Any] | None:
 
 
 def _uss(pid: int) -> int | None:
-    try:
-        memory = _core.process_memory(pid)
-    except OSError:
-        return None
+    memory = worker_memory(pid)
     return None if memory is None else memory.uss
 
 
