@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Optional
 
 from torch.utils.data import IterableDataset, IterDataPipe
+from torch.utils.data.distributed import DistributedSampler
 
 from . import _compat
 from ._engine import Engine
@@ -137,14 +138,22 @@ def adopt(loader: Any, sampler_given: bool, batch_sampler_given: bool) -> None:
 def _adopted(loader: Any) -> bool:
     """`loader` (a torch loader that is not spindle's) was rebuilt from a spindle loader: its samplers
     lead to one a spindle loader's torch made (through `batch_sampler` and `sampler` attributes, as
-    accelerate's wrappers hold them), or its dataset is a stream wrapping a spindle loader's."""
+    accelerate's wrappers hold them), its dataset is a stream wrapping a spindle loader's, or its sampler
+    is a DistributedSampler over a spindle loader's dataset (Ray Train's prepare_data_loader)."""
     frontier = [loader.batch_sampler, loader.sampler]
     for _ in range(3):
         if any(_is_remembered(s) for s in frontier if s is not None):
             return True
         frontier = [getattr(s, name, None) for s in frontier for name in ("batch_sampler", "sampler")]
     inner = getattr(loader.dataset, "dataset", None) if isinstance(loader.dataset, IterableDataset) else None
-    return inner is not None and _is_remembered(inner)
+    if inner is not None and _is_remembered(inner):
+        return True
+    # Ray Train's prepare_data_loader rebuilds a loader as DataLoader(dataset=loader.dataset,
+    # sampler=DistributedSampler(loader.dataset), ...): a new sampler over the very dataset a spindle
+    # loader was given.
+    sampler = loader.sampler
+    return (isinstance(sampler, DistributedSampler) and getattr(sampler, "dataset", None) is loader.dataset
+            and _is_remembered(loader.dataset))
 
 
 def install() -> None:
