@@ -10,7 +10,7 @@ CMAKE := $(VENV)/bin/cmake
 # clang and its compiler-rt: the libFuzzer targets (`make fuzz`, `make fuzz-smoke`).
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
-	python3-dev python3-venv python3-numpy util-linux procps \
+	python3-dev python3-venv python3-numpy util-linux iproute2 procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev libcurl4-openssl-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 # tokenizers, opencv-python-headless (not Debian's OpenCV: a wheel the unprivileged tests can stage),
