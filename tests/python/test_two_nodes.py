@@ -168,8 +168,8 @@ def test_checkpoint_on_two_nodes_resumes_exactly_on_one_node_of_three_and_back(n
 
 def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
     """Proves: with node-b's ranks as an unprivileged uid under RLIMIT_NPROC = its tasks + 5, node-b's two
-    ranks start fewer than 4 worker processes each ("4 logical workers on P processes"), node-a's (root,
-    exempt) start 4 each, each node's ledger (its own /dev/shm) holds its own ranks only, and every rank's
+    ranks start at most 5 worker processes together, a shrunk rank saying "4 logical workers on P
+    processes", while node-a's (root, exempt) start 4 each, each node's ledger (its own /dev/shm) holds its own ranks only, and every rank's
     batches equal DistributedSampler's, each sample loaded by logical worker k mod 4 as with 4 processes."""
     a, b = nodes.nodes
     started = time.monotonic()
@@ -179,10 +179,14 @@ def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
     assert [r["uid"] for r in ranks] == [0, 0, TIGHT_UID, TIGHT_UID]
     roomy, tight = ranks[:2], ranks[2:]
     assert [r["processes"] for r in roomy] == [4, 4] and [r["notes"] for r in roomy] == [[], []]
-    assert all(1 <= r["processes"] < 4 for r in tight), [r["processes"] for r in tight]
-    assert sum(r["processes"] for r in tight) <= TIGHT_HEADROOM
+    # node-b's first local rank takes what fits of the headroom, the second the rest (at least 1)
+    assert all(r["processes"] >= 1 for r in tight) and sum(r["processes"] for r in tight) <= TIGHT_HEADROOM
+    assert any(r["processes"] < 4 for r in tight), [r["processes"] for r in tight]
     for r in tight:
-        assert r["notes"] and r["notes"][0].startswith(f"spindle: 4 logical workers on {r['processes']} processes"), r
+        if r["processes"] < 4:
+            assert r["notes"] and r["notes"][0].startswith(f"spindle: 4 logical workers on {r['processes']} processes")
+        else:
+            assert r["notes"] == []
     for node, uid, here in (("node-a", 0, roomy), ("node-b", TIGHT_UID, tight)):
         for r in here:
             assert r["host"] == node

@@ -8,9 +8,9 @@ saw on rank 0, which writes OUT/PHASE.json (a list, one entry per rank in rank o
 - ``fresh`` (2 nodes x 2): two epochs of ``spindle.torch.DataLoader(shard="auto")``; the node's
   budget ledger as each rank reads it while every rank's loader lives; then
   ``StatefulDataLoader(shard="auto")``: STOP_AFTER batches of epoch 0 and the state there.
-- ``resume`` (any world): every old rank's state (OUT/fresh.json) into a new loader; RESUME_STOP
+- ``resume`` (any world): every old rank's state (OUT/../fresh/fresh.json) into a new loader; RESUME_STOP
   batches, the state there, then the rest of the epoch.
-- ``back`` (any world): OUT/resume.json's states; the rest of the epoch.
+- ``back`` (any world): OUT/../resume/resume.json's states; the rest of the epoch.
 - ``budget`` (2 nodes x 2; ``$TIGHT_HEADROOM`` set on the node with a thread limit):
   ``spindle.torch.DataLoader(num_workers=4)`` whose samples name the worker that loaded them; on a
   node with ``TIGHT_HEADROOM`` each rank lowers its RLIMIT_NPROC to the uid's tasks + that
@@ -107,7 +107,7 @@ def fresh(rank: int, world: int) -> dict:
 
 
 def resume(out: str, source: str, stop: int | None) -> dict:
-    states = [r["state"] for r in json.load(open(os.path.join(out, f"{source}.json")))]
+    states = [r["state"] for r in json.load(open(os.path.join(out, "..", source, f"{source}.json")))]
     loader = stateful()
     loader.load_state_dict(states)  # every old rank's state, whatever the old world size
     mine: dict = {"shard": [loader._shard.rank, loader._shard.world_size, loader._shard.source]}
