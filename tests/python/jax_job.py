@@ -6,7 +6,8 @@ jax.distributed.initialize over 127.0.0.1 (CPU) with NUM_PROCESSES (default 2), 
 
 - ``shard`` (default): spindle.DataLoader(shard="auto"), which reads jax.process_index()/process_count();
   writes what it found and the ids it loaded to OUT/PROCESS_ID.json.
-- ``grain``: spindle.grain.DataLoader whose IndexSampler shards with grain's ShardByJaxProcess: a whole
+- ``grain``: spindle.grain.DataLoader whose IndexSampler shards by jax.process_index() and
+  process_count() (grain's ShardByJaxProcess's shard, as explicit ShardOptions): a whole
   epoch of batches; then a new epoch stopped after STOP batches with its grain checkpoint, and
   spindle.DataLoader(shard="auto") stopped likewise with its state; writes OUT/grain.PROCESS_ID.json.
 - ``resume`` (one process): the 2 processes' checkpoints (OUT/grain.*.json) resumed here. A grain
@@ -65,10 +66,15 @@ if phase == "shard":
         json.dump({"shard": [loader.shard.rank, loader.shard.world_size, loader.shard.source], "ids": loaded}, f)
 elif phase == "grain":
     from absl import flags
-    from grain.sharding import ShardByJaxProcess
+    from grain.sharding import ShardByJaxProcess, ShardOptions
 
     flags.FLAGS.mark_as_parsed()
-    options = ShardByJaxProcess()
+    # grain's ShardByJaxProcess picks the same shard, but a checkpoint names its sampler's class
+    # (grain validates repr(sampler)) and one process cannot build ShardByJaxProcess(shard_index=1,
+    # shard_count=2) to resume it: the explicit ShardOptions can be rebuilt anywhere.
+    by_process = ShardByJaxProcess()
+    options = ShardOptions(shard_index=jax.process_index(), shard_count=jax.process_count())
+    assert (by_process.shard_index, by_process.shard_count) == (options.shard_index, options.shard_count)
     loader = grain_loader(options)
     epoch = [ids([b]) for b in loader]
     it = iter(grain_loader(options))
@@ -81,7 +87,8 @@ elif phase == "grain":
     record = {"process": [jax.process_index(), jax.process_count()],
               "shard": [options.shard_index, options.shard_count], "epoch": epoch, "head": head,
               "state": state.decode() if isinstance(state, bytes) else state, "rest": rest,
-              "elastic": {"head": elastic_head, "state": elastic.state_dict(), "shard": [elastic.shard.rank, elastic.shard.world_size]}}
+              "elastic": {"head": elastic_head, "state": elastic.state_dict(),
+                          "shard": [elastic.shard.rank, elastic.shard.world_size]}}
     with open(f"{out}/grain.{process_id}.json", "w") as f:
         json.dump(record, f)
 else:

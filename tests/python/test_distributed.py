@@ -143,8 +143,8 @@ def test_jax_processes_shard_auto_by_process_index(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_jax_processes_load_grain_shards_by_process_index_and_resume_on_one_process(tmp_path):
-    """Proves: 2 JAX processes with spindle.grain sharded by grain's ShardByJaxProcess load disjoint batches
-    whose union is the dataset (each process its process_index()'s shard); their grain checkpoints and
+    """Proves: 2 JAX processes with spindle.grain sharded by jax.process_index() (ShardByJaxProcess's shard)
+    load disjoint batches whose union is the dataset; their grain checkpoints and
     spindle.DataLoader(shard="auto") states after 3 batches resume on 1 process with exactly the rest of
     the epoch: grain's per old shard, spindle.DataLoader's with one loader (elastic resume)."""
     pytest.importorskip("jax")

@@ -173,8 +173,8 @@ def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
     batches equal DistributedSampler's, each sample loaded by logical worker k mod 4 as with 4 processes."""
     a, b = nodes.nodes
     started = time.monotonic()
-    ranks = run_job(nodes, "budget", [(a, {}), (b, {"uid": TIGHT_UID, "env": {"TIGHT_HEADROOM": str(TIGHT_HEADROOM)}})],
-                    nproc=2)
+    tight_node = {"uid": TIGHT_UID, "env": {"TIGHT_HEADROOM": str(TIGHT_HEADROOM)}}
+    ranks = run_job(nodes, "budget", [(a, {}), (b, tight_node)], nproc=2)
     print(f"budget 2 x 2 job: {time.monotonic() - started:.1f} s", file=sys.stderr)
     assert [r["uid"] for r in ranks] == [0, 0, TIGHT_UID, TIGHT_UID]
     roomy, tight = ranks[:2], ranks[2:]
