@@ -29,7 +29,7 @@ STOP_AFTER, RESUME_STOP = 3, 2  # as in two_nodes_job.py
 # The tight node's unprivileged uid: one nothing else on the machine runs as (the kernel counts a
 # uid's tasks machine-wide; in a real cluster each node counts its own).
 TIGHT_UID = 47733
-TIGHT_HEADROOM = 5  # tasks the tight node's ranks may add: kReserve (2) and a few workers
+TIGHT_HEADROOM = 6  # tasks the tight node's ranks may add: 4 workers for the first, 2 (of 4) for the second
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -167,8 +167,8 @@ def test_checkpoint_on_two_nodes_resumes_exactly_on_one_node_of_three_and_back(n
 
 
 def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
-    """Proves: with node-b's ranks as an unprivileged uid under RLIMIT_NPROC = its tasks + 5, node-b's two
-    ranks start at most 5 worker processes together, a shrunk rank saying "4 logical workers on P
+    """Proves: with node-b's ranks as an unprivileged uid under RLIMIT_NPROC = its tasks + 6, node-b's two
+    ranks start at most 6 worker processes together, a shrunk rank saying "4 logical workers on P
     processes", while node-a's (root, exempt) start 4 each, each node's ledger (its own /dev/shm) holds its own ranks only, and every rank's
     batches equal DistributedSampler's, each sample loaded by logical worker k mod 4 as with 4 processes."""
     a, b = nodes.nodes
