@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
+def nodes(tmp_path_factory, request):
     """Two namespace nodes for this module's tests; torn down (every process, both namespaces, the veth)
     when the module is done, or the test run dies."""
     ctl = tmp_path_factory.mktemp("two-nodes")
@@ -48,7 +48,9 @@ def nodes(tmp_path_factory):
         cluster.start()
     except NamespacesRefused as refused:
         cluster.close()
-        print(f"\ntest_two_nodes: skipped, the kernel refused the namespace nodes: {refused}", file=sys.stderr)
+        # Printed past pytest's capture, so a run without -rs says it too: never a silent skip.
+        with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            print(f"\ntest_two_nodes.py SKIPPED: two namespace nodes could not be made: {refused}", file=sys.stderr)
         pytest.skip(f"two namespace nodes could not be made: {refused}")
     cluster.exchange = exchange
     yield cluster
