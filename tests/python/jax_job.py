@@ -2,7 +2,8 @@
 
     python jax_job.py PORT PROCESS_ID OUT_DIR [PHASE [NUM_PROCESSES]]
 
-jax.distributed.initialize over 127.0.0.1 (CPU) with NUM_PROCESSES (default 2), then by PHASE:
+jax.distributed.initialize with its coordinator on 127.0.0.1 (or $COORDINATOR_HOST: the first namespace
+node of test_two_nodes.py), CPU, NUM_PROCESSES (default 2), then by PHASE:
 
 - ``shard`` (default): spindle.DataLoader(shard="auto"), which reads jax.process_index()/process_count();
   writes what it found and the ids it loaded to OUT/PROCESS_ID.json.
@@ -17,6 +18,7 @@ jax.distributed.initialize over 127.0.0.1 (CPU) with NUM_PROCESSES (default 2), 
 """
 
 import json
+import os
 import sys
 
 import jax
@@ -24,7 +26,8 @@ import jax
 port, process_id, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 phase = sys.argv[4] if len(sys.argv) > 4 else "shard"
 count = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=count, process_id=process_id)
+host = os.environ.get("COORDINATOR_HOST", "127.0.0.1")
+jax.distributed.initialize(coordinator_address=f"{host}:{port}", num_processes=count, process_id=process_id)
 
 import numpy as np  # noqa: E402
 
@@ -84,7 +87,9 @@ elif phase == "grain":
     elastic = elastic_loader()
     eit = iter(elastic)
     elastic_head = ids(next(eit) for _ in range(STOP))
-    record = {"process": [jax.process_index(), jax.process_count()],
+    import socket
+
+    record = {"process": [jax.process_index(), jax.process_count()], "host": socket.gethostname(),
               "shard": [options.shard_index, options.shard_count], "epoch": epoch, "head": head,
               "state": state.decode() if isinstance(state, bytes) else state, "rest": rest,
               "elastic": {"head": elastic_head, "state": elastic.state_dict(),

@@ -171,8 +171,9 @@ def test_checkpoint_on_two_nodes_resumes_exactly_on_one_node_of_three_and_back(n
 def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
     """Proves: with node-b's ranks as an unprivileged uid under RLIMIT_NPROC = its tasks + 6, node-b's two
     ranks start at most 6 worker processes together, a shrunk rank saying "4 logical workers on P
-    processes", while node-a's (root, exempt) start 4 each, each node's ledger (its own /dev/shm) holds its own ranks only, and every rank's
-    batches equal DistributedSampler's, each sample loaded by logical worker k mod 4 as with 4 processes."""
+    processes", while node-a's (root, exempt) start 4 each; each node's ledger (its own /dev/shm) holds its
+    own ranks only; every rank's batches equal DistributedSampler's, each sample loaded by logical worker
+    k mod 4 as with 4 processes."""
     a, b = nodes.nodes
     started = time.monotonic()
     tight_node = {"uid": TIGHT_UID, "env": {"TIGHT_HEADROOM": str(TIGHT_HEADROOM)}}
@@ -198,3 +199,48 @@ def test_a_node_with_a_tight_thread_limit_shrinks_its_own_processes_only(nodes):
         batches = r["batches"]
         assert [s[0] for batch in batches for s in batch] == sampler_order(4, r["rank"], 0)
         assert [{s[1] for s in batch} for batch in batches] == [{k % 4} for k in range(len(batches))]
+
+
+def test_jax_processes_on_two_nodes_load_grain_shards_and_resume_on_one_node(nodes):
+    """Proves: 2 JAX processes, one per node, with jax.distributed.initialize's coordinator on node-a's veth
+    address: spindle.grain sharded by jax.process_index() loads disjoint, complete parts, each process on its
+    own node; their checkpoints resume on one process of node-a with exactly the rest of the epoch (grain's
+    per old shard, spindle.DataLoader's elastically). tests/python/jax_job.py is the job."""
+    pytest.importorskip("jax")
+    pytest.importorskip("grain")
+    a, b = nodes.nodes
+    out = nodes.exchange / "jax"
+    out.mkdir()
+    port = str(next(_ports))
+    env = {"PATH": "/mnt/venv/bin:/usr/bin:/bin", "HOME": "/mnt/out/jax", "LANG": "C.UTF-8", "JAX_PLATFORMS": "cpu",
+           "COORDINATOR_HOST": a.address, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run(plan: list[tuple[Node, list[str]]]) -> None:
+        jobs = [subprocess.Popen(node.command(["/mnt/venv/bin/python", "/mnt/tests/jax_job.py", port, *args]),
+                                 env=env, stdout=open(out / f"{node.name}.{args[0]}.{args[2]}.log", "w"),
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) for node, args in plan]
+        try:
+            for job in jobs:
+                job.wait(timeout=120)
+        finally:
+            for job in jobs:
+                if job.poll() is None:
+                    job.kill()
+                    job.wait()
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
+        assert [j.returncode for j in jobs] == [0] * len(jobs), logs
+
+    started = time.monotonic()
+    run([(a, ["0", "/mnt/out/jax", "grain", "2"]), (b, ["1", "/mnt/out/jax", "grain", "2"])])
+    found = [json.loads((out / f"grain.{i}.json").read_text()) for i in range(2)]
+    assert [(f["host"], f["process"], f["shard"]) for f in found] == [("node-a", [0, 2], [0, 2]),
+                                                                     ("node-b", [1, 2], [1, 2])]
+    parts = [sum(f["epoch"], []) for f in found]
+    assert sorted(parts[0] + parts[1]) == list(range(50))
+    port = str(next(_ports))
+    run([(a, ["0", "/mnt/out/jax", "resume", "1"])])
+    print(f"jax 2 processes on 2 nodes, then 1: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    resumed = json.loads((out / "resume.json").read_text())
+    assert resumed["grain"] == [f["rest"] for f in found]
+    consumed = [i for f in found for i in f["elastic"]["head"]]
+    assert sorted(consumed + resumed["elastic"]["rest"]) == list(range(30))

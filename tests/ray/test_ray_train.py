@@ -99,7 +99,8 @@ def test_ray_train_workers_load_their_shards_on_spindle_processes(tmp_path, monk
         ray.shutdown()
     found = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     for r in found:
-        print({k: {"iterator": r[k]["iterator"], "workers": r[k]["workers"]} for k in ("sharded", "plain", "installed")})
+        print({k: {"iterator": r[k]["iterator"], "workers": r[k]["workers"]}
+               for k in ("sharded", "plain", "installed")})
         print("doctor:", r["doctor"])
     assert [(r["rank"], r["world"]) for r in found] == [(0, 2), (1, 2)]
     for r in found:
