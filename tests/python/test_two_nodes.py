@@ -1,7 +1,7 @@
 """Two nodes on one machine (issue 33): torchrun --nnodes 2 --nproc-per-node 2 with c10d rendezvous
 over a veth pair between two namespace "nodes" (tests/python/two_nodes.py: own network, /dev/shm,
 hostname, pid namespace), each rank loading with spindle.torch (shard="auto"; the job is
-tests/python/two_nodes_job.py).
+tests/python/two_nodes_job.py); and two JAX processes, one a node (tests/python/jax_job.py).
 
 Where the kernel refuses the namespaces (no root, no veth, a seccomp profile), the tests skip,
 saying what was refused."""
