@@ -103,6 +103,16 @@ def test_ranks_draw_one_global_shuffle_and_load_disjoint_complete_parts(workers)
     assert [whole[k] for k in range(1, 48, 3)] == parts[1]  # every 3rd sample of the one global order
 
 
+def needs_in_subprocesses(*modules: str) -> None:
+    """Skips unless `modules` are installed, without importing them here: grain's import starts JAX's
+    threads, and later tests of this pytest process fork (os.fork() beside JAX's threads may deadlock)."""
+    import importlib.util
+
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"could not import {name!r}: not installed")
+
+
 def run_jax_processes(out, phase: str, count: int) -> None:
     """`count` JAX processes of tests/python/jax_job.py (jax.distributed.initialize on 127.0.0.1, CPU)."""
     import os
@@ -147,8 +157,7 @@ def test_jax_processes_load_grain_shards_by_process_index_and_resume_on_one_proc
     load disjoint batches whose union is the dataset; their grain checkpoints and
     spindle.DataLoader(shard="auto") states after 3 batches resume on 1 process with exactly the rest of
     the epoch: grain's per old shard, spindle.DataLoader's with one loader (elastic resume)."""
-    pytest.importorskip("jax")
-    pytest.importorskip("grain")
+    needs_in_subprocesses("jax", "grain")
     run_jax_processes(tmp_path, "grain", 2)
     found = [json.loads((tmp_path / f"grain.{i}.json").read_text()) for i in range(2)]
     assert [f["process"] for f in found] == [[0, 2], [1, 2]]
