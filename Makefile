@@ -302,3 +302,36 @@ soak: install-py
 
 clean:
 	rm -rf build $(VENV) $(RAY_VENV)
+
+# === version matrix (issue 31): spindle.torch on torch 2.4.1–2.14.1, spindle.grain on ====
+# === grain 0.2.12–0.2.18; neither target is part of `make test` ==========================
+# One venv per peer release under build/versions (tests/peers/versions/venv.sh NAME: Debian's
+# python3, the pinned peer and its test dependencies; torch as the smallest install that
+# imports on a machine without a GPU), the wheels kept in ~/.cache/spindle/peer-wheels.
+PEER_VERSIONS := torch-2.4.1 torch-2.8.0 torch-2.14.1 grain-0.2.12 grain-0.2.18
+PEER_VERSION_VENVS := $(addprefix build/versions/,$(addsuffix /.versions-ok,$(PEER_VERSIONS)))
+SPINDLE_CP311_WHEEL = $(firstword $(wildcard $(WHEELHOUSE)/spindle-*-cp311-*.whl))
+
+build/versions/%/.versions-ok: tests/peers/versions/venv.sh
+	tests/peers/versions/venv.sh $*
+
+# The peers' own suites against every release: torch's test/test_dataloader.py (outside this
+# repository: TORCH_TESTS=<dir> as tests/peers/versions/prepare.sh fills it) with fork and
+# spawn, and grain's multi-process tests from each grain wheel, each unpatched and with spindle
+# patched in (the cp311 wheel, force-reinstalled); logs and summary.txt in build/peer-versions.
+# Counts: bench/results/history/2026-12-03-peer-versions.md.
+test-peers-versions: wheel $(PEER_VERSION_VENVS)
+	@test -n "$(TORCH_TESTS)" || { echo "test-peers-versions: set TORCH_TESTS to the folder tests/peers/versions/prepare.sh filled" >&2; exit 2; }
+	tests/peers/versions/run_all.sh build/peer-versions $(TORCH_TESTS) $(SPINDLE_CP311_WHEEL)
+
+# spindle's own drop-in tests on the oldest torch the torch extra allows (2.4.1, torchdata 0.8.0,
+# numpy 1.x), against the repaired cp311 wheel. Tests whose modules need what this venv lacks
+# (jax, grain, the training frameworks) are not listed here.
+TORCH_OLDEST_TESTS := tests/python/test_torch_dropin.py tests/python/test_torch_install.py \
+	tests/python/test_torch_spawn.py $(wildcard tests/python/test_torch_compat.py)
+test-torch-oldest: wheel build/versions/torch-2.4.1/.versions-ok
+	build/versions/torch-2.4.1/bin/python -m pip install -q --force-reinstall --no-deps $(SPINDLE_CP311_WHEEL)
+	build/versions/torch-2.4.1/bin/python -m pytest -q -p no:cacheprovider $(TORCH_OLDEST_TESTS)
+
+.PHONY: test-peers-versions test-torch-oldest
+# === end of the version matrix ===========================================================
