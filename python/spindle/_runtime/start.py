@@ -87,7 +87,7 @@ class StartSpec:
         """The core's options for this spec, the policy resolved now."""
         options = _core.LoaderOptions()
         for field in dataclasses.fields(self):
-            if field.name not in ("budget_policy", "start_method"):
+            if field.name not in ("budget_policy", "start_method", "pickle_warning"):
                 setattr(options, field.name, getattr(self, field.name))
         options.budget_policy = resolve_policy(self.budget_policy)
         return options
