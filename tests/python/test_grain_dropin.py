@@ -343,6 +343,7 @@ def test_a_missing_grain_name_is_named_and_this_grain_is_served():
     from spindle.grain import _compat
 
     assert _compat.FALLBACK is None
+    assert _compat.incompatibility("0.0.1") is None  # grain without its metadata: its names decide
     needed = _compat._needed()
     gone = dict(needed, **{"grain._src.python.dataset.dataset.get_next_index": lambda: grain._no_such_name})
     reason = _compat.incompatibility(_compat.installed_version(), gone)

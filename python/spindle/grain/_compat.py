@@ -34,6 +34,10 @@ def version_of(text: str) -> tuple[int, int, int]:
     return int(found.group(1)), int(found.group(2)), int(found.group(3))
 
 
+# What grain calls itself when it finds no package metadata (grain._src.core.version).
+UNKNOWN = "0.0.1"
+
+
 def installed_version() -> str:
     return getattr(grain, "__version__", None) or importlib.metadata.version("grain")
 
@@ -164,10 +168,12 @@ def incompatibility(version: str, needed: Optional[dict[str, Callable[[], Any]]]
         release = version_of(version)
     except ValueError as exc:
         return str(exc)
+    if version == UNKNOWN:  # grain without its package metadata (a source tree): its names decide
+        force = True
     if not force and release > NEWEST:
         return (f"grain {version} is newer than the newest release spindle.grain was checked on "
                 f"({TESTED[-1]}); set SPINDLE_GRAIN_COMPAT=force to try spindle's workers on it")
-    if release < SERVED_FROM:
+    if release < SERVED_FROM and not force:
         return (f"grain {version} is older than the first release spindle.grain's workers serve "
                 f"({'.'.join(map(str, SERVED_FROM))}: its multi-process stage is what spindle replaces)")
     for name, look_up in (_needed() if needed is None else needed).items():
