@@ -67,6 +67,16 @@ void register_budget(py::module_& m) {
            "hold); raises ThreadBudgetError, with the numbers, if they do not fit.")
       .def("__repr__", [](const ThreadBudget& b) { return "ThreadBudget(" + b.describe() + ")"; });
 
+  py::tuple names(kBudgetPolicyNames.size());
+  for (std::size_t i = 0; i < kBudgetPolicyNames.size(); ++i) names[i] = py::str(kBudgetPolicyNames[i]);
+  m.attr("BUDGET_POLICIES") = names;
+  m.def(
+      "resolve_budget_policy",
+      [](std::optional<std::string> name) { return std::string(budget_policy_name(resolve_budget_policy(name))); },
+      py::arg("name") = py::none(),
+      "The budget policy a loader runs with: name if given, else $SPINDLE_BUDGET_POLICY, else \"shrink\"; "
+      "ValueError naming where a bad name came from. The one resolution of the policy; every front end asks here.");
+
   py::class_<LedgerLease>(m, "LedgerLease",
                           "A share of the node's thread budget (the budget ledger); given back by release() "
                           "or when garbage-collected. A forked child's copy gives nothing back.")
