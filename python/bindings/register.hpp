@@ -4,6 +4,8 @@
 // beyond type conversion lives under interop/.
 #include <pybind11/pybind11.h>
 
+#include <optional>
+
 namespace spindle::python {
 
 // fn() with the GIL released: the reading is the core's, the conversion the caller's.
@@ -11,6 +13,12 @@ template <class Fn>
 auto without_gil(Fn&& fn) {
   pybind11::gil_scoped_release release;
   return fn();
+}
+
+// `found` converted by `to` (with the GIL held), None when it is nullopt (the process or thread is gone).
+template <class T, class To>
+pybind11::object or_none(const std::optional<T>& found, To&& to) {
+  return found ? pybind11::object(to(*found)) : pybind11::object(pybind11::none());
 }
 
 void register_errors(pybind11::module_& m);
