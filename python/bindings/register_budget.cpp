@@ -3,8 +3,7 @@
 
 #include <thread>
 
-#include <spindle/detail/arena.hpp>
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/thread_budget.hpp>
 
 #include "interop/convert.hpp"
@@ -14,11 +13,6 @@
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::Arena;
-using spindle::detail::LeaseInfo;
-using spindle::detail::LedgerLease;
-using spindle::detail::LedgerStatus;
-using spindle::detail::BudgetLedger;
 namespace {
 // kUnlimited shows up in Python as None.
 std::optional<int64_t> opt(int64_t v) { return v == kUnlimited ? std::nullopt : std::optional<int64_t>(v); }
@@ -162,7 +156,7 @@ void register_budget(py::module_& m) {
         return d;
       },
       "Where the node budget ledger is and whether it is used (with the reason if not).");
-  m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },
+  m.def("arena_extra_threads", &arena_extra_threads,
         "Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.");
 }
 

@@ -51,9 +51,9 @@ BudgetPolicy resolve_budget_policy(const std::optional<std::string>& name) {
 
 }  // namespace spindle
 
-namespace spindle::detail {
+namespace spindle {
 
-using namespace ledger;
+using namespace detail::ledger;
 
 // ---------------------------------------------------------------- leases
 
@@ -271,4 +271,4 @@ int BudgetLedger::local_arena_threads() {
   return impl_->local_helpers();
 }
 
-}  // namespace spindle::detail
+}  // namespace spindle

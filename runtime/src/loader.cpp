@@ -25,8 +25,6 @@ using detail::Arena;
 using detail::SlotHeader;
 using detail::RingGeometry;
 using detail::BatchRing;
-using detail::LedgerGrant;
-using detail::BudgetLedger;
 using detail::forked_workers;
 using detail::spawned_workers;
 using detail::zygote_workers;

@@ -50,6 +50,10 @@ const char* budget_policy_name(BudgetPolicy p) noexcept;
 // and the names allowed. The one resolution: every front end asks here (_core.resolve_budget_policy).
 BudgetPolicy resolve_budget_policy(const std::optional<std::string>& name);
 
+// Extra threads the process's one TBB arena may run now: the sum of its live loaders' leases
+// (ThreadPlan::arena_threads, and their workers in threads mode). spindle doctor shows it.
+int arena_extra_threads() noexcept;
+
 // A quantity that may be unlimited.
 inline constexpr int64_t kUnlimited = INT64_MAX;
 
