@@ -30,12 +30,7 @@
 #include "test_support.hpp"
 
 namespace spindle {
-using detail::RingGeometry;
-using detail::BatchRing;
-using detail::forked_workers;
-using detail::spawned_workers;
-using detail::zygote_workers;
-using detail::WorkerPool;
+using namespace detail;  // the pool and the ring are what this test is about
 namespace {
 
 using namespace std::chrono_literals;
