@@ -10,7 +10,7 @@ CMAKE := $(VENV)/bin/cmake
 # clang and its compiler-rt: the libFuzzer targets (`make fuzz`, `make fuzz-smoke`).
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 APT_PACKAGES := build-essential libboost-dev libtbb-dev libgtest-dev libgmock-dev libbenchmark-dev \
-	python3-dev python3-venv python3-numpy util-linux procps \
+	python3-dev python3-venv python3-numpy util-linux iproute2 procps \
 	libjpeg62-turbo-dev libspng-dev libwebp-dev libtiff-dev libstb-dev libcurl4-openssl-dev pkg-config $(FUZZ_APT_PACKAGES)
 # datasets: Hugging Face's, for the drop-in tests over a datasets.Dataset (built from a dict, no hub).
 # tokenizers, opencv-python-headless (not Debian's OpenCV: a wheel the unprivileged tests can stage),
@@ -23,7 +23,7 @@ PY_PACKAGES := scikit-build-core pybind11 pybind11-stubgen pytest pytest-timeout
 	tokenizers opencv-python-headless polars $(FRAMEWORK_PACKAGES)
 JOBS ?= 2
 
-.PHONY: soak demo test deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch peer-frameworks \
+.PHONY: soak demo test test-ray deps build-cpp build-sanitizers install-py stubs test-cpp test-sanitizers test-py peer-grain peer-torch peer-frameworks \
 	bench bench-cpp bench-peers peers-venv docs clean fuzz-deps fuzz-build fuzz fuzz-smoke wheel test-matrix
 
 # The newcomer's first minute: build and install, generate a small ImageNet-like folder
@@ -96,6 +96,22 @@ test-sanitizers: build-sanitizers
 # fail, not skip, when one is missing).
 test-py: install-py wheel
 	SPINDLE_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest -v
+
+# --- Ray Train: not part of `make test` (a 270 MB install; a local Ray cluster takes ~20 s to start) ---
+# .venv-ray has Ray and its dependencies and sees .venv's torch and spindle through a .pth file
+# (so Ray's pins never move .venv's packages); tests/ray runs there. Runs are recorded in
+# bench/results/history/ (2026-12-03-ray-train.md).
+RAY_VENV ?= .venv-ray
+RAY_PY_PACKAGES := ray[train]==2.60.*
+$(RAY_VENV)/.ray-ok: $(VENV)/.deps-ok
+	[ -x $(RAY_VENV)/bin/python ] || /usr/bin/python3 -m venv --system-site-packages $(RAY_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))' > \
+	  "$$($(RAY_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/spindle-base-venv.pth"
+	$(RAY_VENV)/bin/python -m pip install -q '$(RAY_PY_PACKAGES)'
+	touch $@
+
+test-ray: install-py $(RAY_VENV)/.ray-ok
+	$(RAY_VENV)/bin/python -m pytest -v -s -p no:cacheprovider tests/ray
 
 # --- Python 3.12 and 3.13, and the self-contained wheel --------------------
 # pyenv's interpreters (this kind of machine has them), each with a venv of its own
@@ -285,4 +301,37 @@ soak: install-py
 	$(PY) bench/python/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(RAY_VENV)
+
+# === version matrix (issue 31): spindle.torch on torch 2.4.1–2.14.1, spindle.grain on ====
+# === grain 0.2.12–0.2.18; neither target is part of `make test` ==========================
+# One venv per peer release under build/versions (tests/peers/versions/venv.sh NAME: Debian's
+# python3, the pinned peer and its test dependencies; torch as the smallest install that
+# imports on a machine without a GPU), the wheels kept in ~/.cache/spindle/peer-wheels.
+PEER_VERSIONS := torch-2.4.1 torch-2.8.0 torch-2.14.1 grain-0.2.12 grain-0.2.18
+PEER_VERSION_VENVS := $(addprefix build/versions/,$(addsuffix /.versions-ok,$(PEER_VERSIONS)))
+SPINDLE_CP311_WHEEL = $(firstword $(wildcard $(WHEELHOUSE)/spindle-*-cp311-*.whl))
+
+build/versions/%/.versions-ok: tests/peers/versions/venv.sh
+	tests/peers/versions/venv.sh $*
+
+# The peers' own suites against every release: torch's test/test_dataloader.py (outside this
+# repository: TORCH_TESTS=<dir> as tests/peers/versions/prepare.sh fills it) with fork and
+# spawn, and grain's multi-process tests from each grain wheel, each unpatched and with spindle
+# patched in (the cp311 wheel, force-reinstalled); logs and summary.txt in build/peer-versions.
+# Counts: bench/results/history/2026-12-03-peer-versions.md.
+test-peers-versions: wheel $(PEER_VERSION_VENVS)
+	@test -n "$(TORCH_TESTS)" || { echo "test-peers-versions: set TORCH_TESTS to the folder tests/peers/versions/prepare.sh filled" >&2; exit 2; }
+	tests/peers/versions/run_all.sh build/peer-versions $(TORCH_TESTS) $(SPINDLE_CP311_WHEEL)
+
+# spindle's own drop-in tests on the oldest torch the torch extra allows (2.4.1, torchdata 0.8.0,
+# numpy 1.x), against the repaired cp311 wheel. Tests whose modules need what this venv lacks
+# (jax, grain, the training frameworks) are not listed here.
+TORCH_OLDEST_TESTS := tests/python/test_torch_dropin.py tests/python/test_torch_install.py \
+	tests/python/test_torch_spawn.py $(wildcard tests/python/test_torch_compat.py)
+test-torch-oldest: wheel build/versions/torch-2.4.1/.versions-ok
+	build/versions/torch-2.4.1/bin/python -m pip install -q --force-reinstall --no-deps $(SPINDLE_CP311_WHEEL)
+	build/versions/torch-2.4.1/bin/python -m pytest -q -p no:cacheprovider $(TORCH_OLDEST_TESTS)
+
+.PHONY: test-peers-versions test-torch-oldest
+# === end of the version matrix ===========================================================

@@ -19,6 +19,7 @@ __all__ = [
     "ThreadBudgetError",
     "ThreadBudgetWarning",
     "StallWarning",
+    "PeerVersionWarning",
     "SharedMemoryError",
     "WorkerDiedError",
     "LoaderTimeoutError",
@@ -46,6 +47,11 @@ class ThreadBudgetWarning(RuntimeWarning):
 class StallWarning(RuntimeWarning):
     """``next()`` has waited longer than the stall threshold (``SPINDLE_STALL_WARNING`` seconds,
     default 30); the message says what each worker is doing (see docs/observability.md)."""
+
+
+class PeerVersionWarning(UserWarning):
+    """A drop-in runs on its peer's own workers (torch's, grain's): the installed peer is a release
+    spindle was not checked on, or lacks a name spindle needs; the message names the version and why."""
 
 
 class SharedMemoryError(SpindleError):

@@ -103,10 +103,18 @@ def test_ranks_draw_one_global_shuffle_and_load_disjoint_complete_parts(workers)
     assert [whole[k] for k in range(1, 48, 3)] == parts[1]  # every 3rd sample of the one global order
 
 
-def test_jax_processes_shard_auto_by_process_index(tmp_path):
-    """Proves: 2 JAX processes (jax.distributed.initialize on 127.0.0.1, CPU) with shard="auto" read
-    jax.process_index()/process_count() and load disjoint parts whose union is the dataset."""
-    pytest.importorskip("jax")
+def needs_in_subprocesses(*modules: str) -> None:
+    """Skips unless `modules` are installed, without importing them here: grain's import starts JAX's
+    threads, and later tests of this pytest process fork (os.fork() beside JAX's threads may deadlock)."""
+    import importlib.util
+
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"could not import {name!r}: not installed")
+
+
+def run_jax_processes(out, phase: str, count: int) -> None:
+    """`count` JAX processes of tests/python/jax_job.py (jax.distributed.initialize on 127.0.0.1, CPU)."""
     import os
     import socket
     import subprocess
@@ -119,15 +127,54 @@ def test_jax_processes_shard_auto_by_process_index(tmp_path):
     job = Path(__file__).with_name("jax_job.py")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["JAX_PLATFORMS"] = "cpu"
-    procs = [subprocess.Popen([sys.executable, str(job), str(port), str(i), str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
-    for p in procs:
-        output = p.communicate(timeout=90)[0].decode(errors="replace")
-        assert p.returncode == 0, output[-3000:]
+    procs = [subprocess.Popen([sys.executable, str(job), str(port), str(i), str(out), phase, str(count)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(count)]
+    try:
+        for p in procs:
+            output = p.communicate(timeout=90)[0].decode(errors="replace")
+            assert p.returncode == 0, output[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_jax_processes_shard_auto_by_process_index(tmp_path):
+    """Proves: 2 JAX processes (jax.distributed.initialize on 127.0.0.1, CPU) with shard="auto" read
+    jax.process_index()/process_count() and load disjoint parts whose union is the dataset."""
+    pytest.importorskip("jax")
+    run_jax_processes(tmp_path, "shard", 2)
     found = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     assert [f["shard"] for f in found] == [[i, 2, "jax.process_index()/process_count()"] for i in range(2)]
     assert sorted(found[0]["ids"] + found[1]["ids"]) == list(range(30))
     assert len(found[0]["ids"]) == len(found[1]["ids"]) == 15
+
+
+@pytest.mark.timeout(240)
+def test_jax_processes_load_grain_shards_by_process_index_and_resume_on_one_process(tmp_path):
+    """Proves: 2 JAX processes with spindle.grain sharded by jax.process_index() (ShardByJaxProcess's shard)
+    load disjoint batches whose union is the dataset; their grain checkpoints and
+    spindle.DataLoader(shard="auto") states after 3 batches resume on 1 process with exactly the rest of
+    the epoch: grain's per old shard, spindle.DataLoader's with one loader (elastic resume)."""
+    needs_in_subprocesses("jax", "grain")
+    run_jax_processes(tmp_path, "grain", 2)
+    found = [json.loads((tmp_path / f"grain.{i}.json").read_text()) for i in range(2)]
+    assert [f["process"] for f in found] == [[0, 2], [1, 2]]
+    assert [f["shard"] for f in found] == [[0, 2], [1, 2]]
+    parts = [sum(f["epoch"], []) for f in found]
+    assert sorted(parts[0] + parts[1]) == list(range(50)) and len(parts[0]) == len(parts[1]) == 25
+    for f in found:  # the checkpointed epoch is the same epoch
+        assert f["head"] + f["rest"] == f["epoch"]
+
+    run_jax_processes(tmp_path, "resume", 1)
+    resumed = json.loads((tmp_path / "resume.json").read_text())
+    assert resumed["process"] == [0, 1]
+    assert resumed["grain"] == [f["rest"] for f in found]  # exactly the rest, per old shard
+    assert resumed["elastic"]["shard"] == [0, 1]
+    consumed = [i for f in found for i in f["elastic"]["head"]]
+    assert [f["elastic"]["shard"] for f in found] == [[0, 2], [1, 2]]
+    assert sorted(consumed + resumed["elastic"]["rest"]) == list(range(30))  # every sample once
 
 
 def test_padding_gives_every_rank_as_many_samples_and_drop_cuts_the_tail():

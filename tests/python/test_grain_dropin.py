@@ -304,3 +304,83 @@ def test_set_state_after_a_worker_died_starts_new_workers_from_the_state():
     it.set_state(state)
     assert list(it) == list(range(4, 20))
     assert not set(it.worker_pids) & set(old)
+
+
+# --- the grain it finds: spindle.grain._compat ----------------------------------------------
+
+def test_only_the_compat_module_names_grains_src():
+    """Proves: no module of the package but spindle.grain._compat imports from grain._src or reaches
+    into the private attributes of grain's loader and datasets."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(__import__("spindle").__file__).parent
+    names = ("grain._src", "_multiprocessing_options", "_set_slice_iter_dataset", "_MpContextIterDataset",
+             "_read_options", "_worker_count")
+    # The runtime table's thread cap of grain's read pool (limits.py, the runtime table) is a runtime
+    # knob, not the drop-in's: it names grain's options module, and nothing else of grain._src.
+    knob = "grain._src.python.options"
+    found = [f"{path.relative_to(package).as_posix()}: {name}" for path in sorted(package.rglob("*.py"))
+             if path.relative_to(package).as_posix() != "grain/_compat.py"
+             for name in names if re.search(re.escape(name), path.read_text().replace(knob, ""))]
+    assert found == []
+
+
+@pytest.mark.parametrize("version, words", [
+    ("0.2.19", "grain 0.2.19 is newer than the newest release spindle.grain was checked on (0.2.18)"),
+    ("0.2.12", "grain 0.2.12 is older than the first release spindle.grain's workers serve (0.2.17"),
+    ("0.2.16", "grain 0.2.16 is older than the first release"),
+])
+def test_a_grain_outside_the_served_range_is_named(version, words):
+    """Proves: a grain before 0.2.17 or after 0.2.18 is a reason to run on grain's own workers, named."""
+    from spindle.grain import _compat
+
+    assert words in _compat.incompatibility(version)
+
+
+def test_a_missing_grain_name_is_named_and_this_grain_is_served():
+    """Proves: the installed grain passes; a needed name that is gone is the reason, with the lookup's error."""
+    from spindle.grain import _compat
+
+    assert _compat.FALLBACK is None
+    needed = _compat._needed()
+    gone = dict(needed, **{"grain._src.python.dataset.dataset.get_next_index": lambda: grain._no_such_name})
+    reason = _compat.incompatibility(_compat.installed_version(), gone)
+    assert reason.startswith(f"grain {_compat.installed_version()} has no grain._src.python.dataset.dataset."
+                             "get_next_index as spindle.grain knows it (AttributeError:")
+
+
+def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path):
+    """Proves: with a grain spindle.grain does not serve (its version set to 0.2.16 before spindle.grain is
+    imported), spindle.grain.DataLoader and mp_prefetch give grain's own elements, through grain's workers,
+    with one PeerVersionWarning naming the version."""
+    script = tmp_path / "old_grain.py"
+    script.write_text(
+        "import warnings\n"
+        "import numpy as np\n"
+        "import grain\n"
+        "grain.__version__ = '0.2.16'\n"
+        "from absl import flags\n"
+        "flags.FLAGS.mark_as_parsed()\n"
+        "import spindle.grain as sgrain\n"
+        "from spindle.errors import PeerVersionWarning\n"
+        "if __name__ == '__main__':\n"
+        "    source = [np.full((2,), i, np.int32) for i in range(20)]\n"
+        "    sampler = grain.samplers.IndexSampler(20, shard_options=grain.sharding.NoSharding(), shuffle=True,\n"
+        "                                          num_epochs=1, seed=3)\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        ours = [int(x[0]) for x in sgrain.DataLoader(data_source=source, sampler=sampler, worker_count=2)]\n"
+        "        ds = grain.MapDataset.source(source).to_iter_dataset()\n"
+        "        staged = [int(x[0]) for x in sgrain.mp_prefetch(ds, grain.multiprocessing.MultiprocessingOptions(2))]\n"
+        "    theirs = [int(x[0]) for x in grain.DataLoader(data_source=source, sampler=sampler, worker_count=2)]\n"
+        "    plain = [int(x[0]) for x in ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(2))]\n"
+        "    warned = [str(w.message) for w in caught if issubclass(w.category, PeerVersionWarning)]\n"
+        "    print(ours == theirs, staged == plain, len(warned))\n"
+        "    print(warned[0])\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "True True 1"
+    assert lines[1].startswith("spindle.grain: DataLoader and mp_prefetch run on grain's own workers: grain 0.2.16 "
+                               "is older than the first release spindle.grain's workers serve (0.2.17")

@@ -97,7 +97,7 @@ def test_front_ends_and_layers_import_by_the_rule():
 def test_the_check_names_the_importer_and_the_name_of_each_bad_import():
     """The check fails, naming importer and imported name, for each kind of bad import added to the real package."""
     bad = {
-        "spindle.grain": "from .dataloader import ArrayBatches\n",
+        "spindle.grain": "from ..dataloader import ArrayBatches\n",
         "spindle.pipeline": "from spindle.torch import _draw\n",
         "spindle._runtime.epoch": "from ..grain import DataLoader\n",
         "spindle._state.checkpoint": "import spindle.pipeline\n",

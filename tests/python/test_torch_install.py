@@ -170,7 +170,7 @@ def test_shuffled_batches_draw_as_torchs_batch_sampler_at_every_step(given, n, b
     """Proves: spindle's iterator over BatchSampler(RandomSampler) (the permutation kept as a tensor) gives
     torch's batches and leaves the generator (the sampler's, or the global one it seeds from) in torch's
     state after every batch, at the end and after it."""
-    from spindle.torch import _index_iter
+    from spindle.torch._batches import index_iter as _index_iter
 
     def steps(make_iter):
         torch.manual_seed(5)
@@ -235,7 +235,7 @@ def test_an_unservable_loader_falls_back_to_torch_with_one_warning(installed, tm
     import torch.distributed as dist
     from torch.utils.data.datapipes.iter import IterableWrapper
 
-    spindle.torch._warned_fallbacks.clear()
+    spindle.torch._hook._warned_fallbacks.clear()
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
     try:
         pipe = IterableWrapper(range(8)).sharding_filter()

@@ -260,3 +260,25 @@ def test_the_global_forkserver_start_method_carries_a_value_and_a_semaphore_like
     batches = [[0, 1], [2, 3], [4, 5]]
     assert got == [(cls.__module__, batches, SAMPLES * n, [True, True])
                    for n, cls in enumerate((BaseLoader, TorchLoader, DataLoader, TorchLoader), 1)]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_dataset_made_in_the_for_statement_lives_while_its_workers_start(method):
+    """Proves: `for b in DataLoader(Dataset(), num_workers=6, multiprocessing_context=method)`, nothing else
+    holding the loader or the dataset, loads every sample as torch does: the iterator keeps the loader
+    alive, so the dataset's named semaphores (mp.Value(lock=True), mp.Semaphore of that context) are not
+    unlinked while spawned workers are still unpickling them (before: FileNotFoundError in SemLock._rebuild)."""
+    context = multiprocessing.get_context(method)
+    got = sorted(int(b) for b in DataLoader(CountsUnderSemaphore(12, context), batch_size=None, num_workers=6,
+                                            multiprocessing_context=method))
+    assert got == list(range(12))
+
+
+def test_a_fork_semaphore_handed_to_spawned_workers_gets_pythons_error_not_a_dead_worker():
+    """Proves: a dataset holding a semaphore of the 'fork' context, loaded with spawned workers, raises
+    the RuntimeError Python 3.12's multiprocessing raises for it (torch's loader on 3.11 loses a
+    worker to SIGSEGV instead), at iter(), with no worker started."""
+    dataset = CountsUnderSemaphore(6, multiprocessing.get_context("fork"))
+    with pytest.raises(RuntimeError, match="A SemLock created in a fork context is being shared with a process in "
+                                           "a spawn context. This is not supported."):
+        list(DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn"))

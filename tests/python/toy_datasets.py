@@ -112,13 +112,13 @@ class SlowAt(Images):
 
 
 class CountsUnderSemaphore:
-    """An mp.Value (with its own lock) and an mp.Semaphore of the default context, as a script that
-    sets a start method globally makes them; each of the `n` samples counts itself under both."""
+    """An mp.Value (with its own lock) and an mp.Semaphore of `context` (by default the default context,
+    as a script that sets a start method globally makes them); each of the `n` samples counts itself under both."""
 
-    def __init__(self, n: int = 6) -> None:
+    def __init__(self, n: int = 6, context=multiprocessing) -> None:
         self.n = n
-        self.count = multiprocessing.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
-        self.slots = multiprocessing.Semaphore(2)
+        self.count = context.Value("i", 0)  # lock=True: a named semaphore outside 'fork'
+        self.slots = context.Semaphore(2)
 
     def __len__(self) -> int:
         return self.n

@@ -36,6 +36,7 @@ import threading
 import traceback
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
+from multiprocessing.synchronize import SemLock
 from typing import Any, Optional
 
 from .._budget.caps import cap_worker_pools, one_thread_environment
@@ -113,13 +114,26 @@ class _Spawning:
         return PAYLOAD_FD + len(self.fds)
 
 
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler, refusing a semaphore of the 'fork' context as Python 3.12's own
+    SemLock does: its name is unlinked at creation, so a spawned worker could only rebuild it from a
+    pointer into another process (Python 3.11 pickles it, and the worker crashes with SIGSEGV)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, SemLock) and getattr(getattr(obj, "_semlock", None), "name", "") is None:
+            raise RuntimeError("A SemLock created in a fork context is being shared with a process in a spawn "
+                               "context. This is not supported. Please use the same context to create "
+                               "multiprocessing objects and Process.")
+        return NotImplemented
+
+
 def _pickled(spawning: _Spawning, *objects: Any) -> bytes:
     """`objects` pickled one after another with multiprocessing's pickler, in its spawning context."""
     out = io.BytesIO()
     multiprocessing.context.set_spawning_popen(spawning)
     try:
         for obj in objects:
-            ForkingPickler(out, pickle.HIGHEST_PROTOCOL).dump(obj)
+            _Pickler(out, pickle.HIGHEST_PROTOCOL).dump(obj)
     finally:
         multiprocessing.context.set_spawning_popen(None)
     return out.getvalue()

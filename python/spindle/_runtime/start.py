@@ -30,7 +30,7 @@ _DEFAULTS = LOADER_DEFAULTS
 
 START_METHODS = ("fork", "spawn", "forkserver")
 
-# torch's words when a worker's arguments do not pickle (its _MultiProcessingDataLoaderIter),
+# torch's words when a worker's arguments do not pickle (its multi-process iterator),
 # given before the pickling error itself is raised.
 PICKLE_ERROR_WORDS = (
     "Got pickle error when attempting to start a worker Process. "

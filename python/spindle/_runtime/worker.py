@@ -108,23 +108,32 @@ def _set_attributes(obj: Any, attributes: Optional[dict[str, Any]]) -> None:
         current.update(attributes)
 
 
+# Process-wide state a front end keeps per logical worker (spindle.torch: what get_worker_info()
+# returns), as (get, set) pairs the front registers when its worker module is imported.
+_per_logical_worker: list[tuple[Callable[[], Any], Callable[[Any], None]]] = []
+
+
+def keep_per_logical_worker(get: Callable[[], Any], put: Callable[[Any], None]) -> None:
+    """Registers process-wide state that is saved and restored with each logical worker's generators."""
+    if (get, put) not in _per_logical_worker:
+        _per_logical_worker.append((get, put))
+
+
 def _global_states() -> tuple[Any, ...]:
     torch = sys.modules.get("torch")
-    info = sys.modules.get("torch.utils.data._utils.worker")
     return (random.getstate(), np.random.get_state(),
             torch.random.get_rng_state() if torch is not None and hasattr(torch, "random") else None,
-            getattr(info, "_worker_info", None) if info is not None else None)
+            [get() for get, _ in _per_logical_worker])
 
 
 def _set_global_states(states: tuple[Any, ...]) -> None:
-    python, numpy, torch_state, worker_info = states
+    python, numpy, torch_state, kept = states
     random.setstate(python)
     np.random.set_state(numpy)
     if torch_state is not None:
         sys.modules["torch"].random.set_rng_state(torch_state)
-    info = sys.modules.get("torch.utils.data._utils.worker")
-    if info is not None:
-        info._worker_info = worker_info
+    for (_, put), value in zip(_per_logical_worker, kept):
+        put(value)
 
 
 def read_stream_kept(ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:

@@ -177,6 +177,17 @@ class Progress:
         return getattr(self._it, name)
 
 
+def shard_field(shard: Any) -> dict[str, Any]:
+    """The ``shard`` field of a state: [rank, world_size] of a Shard, or None unsharded."""
+    return dict(shard=None if shard is None else [shard.rank, shard.world_size])
+
+
+def mid_epoch_out_of_order() -> ValueError:
+    """The error of a state asked for mid-epoch while batches are handed out of order."""
+    return ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the batches handed "
+                      "out are not a prefix of the epoch, so no position resumes it")
+
+
 def new_state(fmt: str, **fields: Any) -> dict[str, Any]:
     """A state dict of format `fmt` at the current version."""
     return {"format": fmt, "version": STATE_VERSION, **fields}

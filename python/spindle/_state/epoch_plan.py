@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sized
 
 import numpy as np
 
-from .checkpoint import Position, new_state
+from .checkpoint import Position, mid_epoch_out_of_order, new_state, shard_field
 from .elastic import Resplit, load_position, rank_part, resplits_json, stream_resume_check
 from .sharding import Shard
 
@@ -106,8 +106,7 @@ class EpochPlan:
             epoch, batches, resplits = self.epoch, self._skip, self._resplits
         else:
             if not exact_mid_epoch:
-                raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the "
-                                 "batches handed out are not a prefix of the epoch, so no position resumes it")
+                raise mid_epoch_out_of_order()
             epoch, batches, resplits = position.epoch, position.yielded, position.resplits
         return new_state(fmt, epoch=epoch, batches=batches, resplits=resplits_json(resplits), **fields)
 
@@ -127,4 +126,4 @@ class EpochPlan:
 
     def shard_field(self) -> dict[str, Any]:
         """The ``shard`` field of a state: [rank, world_size], or None unsharded."""
-        return dict(shard=None if self.shard is None else [self.shard.rank, self.shard.world_size])
+        return shard_field(self.shard)

@@ -9,9 +9,11 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .._state.checkpoint import (EpochCell, Position, Progress, Reseeded, bytes_to_json, check_state, dataset_key,
-                                 json_to_bytes, new_state)
+                                 json_to_bytes, mid_epoch_out_of_order, new_state, shard_field)
 from .._state.elastic import load_position, rank_part, resplits_json
-from . import DataLoader, _Batches
+from . import _compat
+from ._batches import Batches
+from .dataloader import DataLoader
 
 __all__ = ["StatefulDataLoader"]
 
@@ -81,7 +83,7 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (JSON-able, versioned); the class text says what resumes where."""
         loader = self._torch
-        if loader.num_workers == 0:
+        if _own_loop(loader):
             return new_state(_FORMAT, torchdata=_to_json(_PEER.state_dict(self)))
         if self._resume is not None:
             return self._resume
@@ -94,9 +96,8 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
                              root_seed=self._root_seed, generators=generators, restarted=not reuses,
                              base_seed=self._base_seed if reuses else None, resplits=[], **self._shard_setting(),
                              **self._settings())
-        if not loader.in_order:
-            raise ValueError("spindle: state_dict() mid-epoch needs in_order=True: out of order, the batches "
-                             "handed out are not a prefix of the epoch, so no position resumes it")
+        if not _compat.in_order(loader):
+            raise mid_epoch_out_of_order()
         return new_state(_FORMAT, epoch=position.epoch, batches=position.yielded, finished=False,
                          root_seed=self._root_seed, resplits=resplits_json(position.resplits), **self._epoch_start,
                          **self._shard_setting(), **self._settings())
@@ -111,7 +112,7 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
             return
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         loader = self._torch
-        if loader.num_workers == 0:
+        if _own_loop(loader):
             check_state(state, _FORMAT, {})
             if "torchdata" not in state:
                 raise ValueError("spindle: this state was saved with num_workers > 0; a loader with num_workers=0 "
@@ -161,18 +162,11 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
         return settings
 
     def _shard_setting(self) -> dict[str, Any]:
-        return dict(shard=None if self._shard is None else [self._shard.rank, self._shard.world_size])
+        return shard_field(self._shard)
 
     def _global_order(self, epoch: int) -> Any:
         """Epoch `epoch`'s order of all samples as the shard's DistributedSampler draws it, before its cut."""
-        import numpy as np
-
-        sampler = self._torch.sampler
-        if not sampler.shuffle:
-            return np.arange(len(sampler.dataset))
-        generator = torch.Generator()
-        generator.manual_seed(sampler.seed + epoch)
-        return torch.randperm(len(sampler.dataset), generator=generator).numpy()
+        return _compat.distributed_order(self._torch.sampler, epoch)
 
     def _owned_generators(self) -> dict[str, torch.Generator]:
         """The generators that only this loader draws from: `generator=`, and the sampler's own."""
@@ -203,7 +197,8 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
 
     # --- hooks of spindle.torch.DataLoader ------------------------------
     def __iter__(self) -> Any:
-        if self._torch.num_workers == 0:
+        if _own_loop(self._torch):
+            _compat.warn_fallback()
             return _PEER.__iter__(self)
         resume = self._resume
         self._epoch_cell.set(self._epochs_begun)  # read by persistent workers' per-sample seeds
@@ -241,7 +236,7 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
     def _first_epoch_sampler(self, sampler_iter: Any) -> Any:
         # torchdata's multi-process iterator calls iter(index sampler) in __init__ (before drawing the
         # base seed) and again in _reset(); its RandomSampler draws a permutation at each iter().
-        return iter(self._torch._index_sampler)
+        return iter(_compat.index_sampler(self._torch))
 
     def _resume_batches(self, batches: Any, base_seed: int) -> tuple[Any, int]:
         resume, self._resume = self._resume, None
@@ -259,7 +254,7 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
             loader = self._torch
             part = rank_part(self._global_order(self._epochs_begun - 1), self._resplits, self._shard,
                              loader.sampler.drop_last)
-            batches = _Batches.of_order(part, loader.batch_size, loader.drop_last)
+            batches = Batches.of_order(part, loader.batch_size, loader.drop_last)
         return batches.skip(self._skip), base_seed
 
     def _worker_dataset(self, dataset: Any, spawns: bool) -> Any:
@@ -280,6 +275,11 @@ class StatefulDataLoader(DataLoader, _PEER):  # type: ignore[misc,valid-type]
         resplits, self._resplits = self._resplits, ()
         self._position = position = Position(self._epochs_begun - 1, skip, resplits)
         return Progress(it, position)
+
+
+def _own_loop(loader: Any) -> bool:
+    """torchdata's own loop and states: without workers, or on a torch spindle.torch was not checked on."""
+    return loader.num_workers == 0 or _compat.FALLBACK is not None
 
 
 def _resplits_of(state: dict[str, Any]) -> tuple:

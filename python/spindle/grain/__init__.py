@@ -22,7 +22,6 @@ Iterators support ``get_state``/``set_state`` in grain's format.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import operator
 import pickle
 from functools import partial
@@ -30,32 +29,29 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from ._extras import require_extra
+from .._extras import require_extra
 
 require_extra("grain", ("grain",), "spindle.grain")
 
 import grain  # noqa: E402 - after the check that names the extra
-from grain._src.python import data_loader as _grain_data_loader
-from grain._src.python.dataset import base as _grain_base
-from grain._src.python.dataset import dataset as _grain_dataset
-from grain._src.python.dataset.transformations import prefetch as _grain_prefetch
 
-from . import _core
-from ._runtime.epoch import EpochIterator
-from ._runtime.stats import HasStats, StatsBook
-from ._runtime.forking import call_in_fork
-from ._runtime.layout import BatchReader, SlotWriter
-from ._runtime.persistent import reset_or_restart
-from ._runtime.start import StartSpec, start
-from ._runtime.worker import (batch_decoder, current_logical_worker, read_stream_kept, run_stream_worker,
+from .. import _core  # noqa: E402
+from . import _compat  # noqa: E402
+from .._runtime.epoch import EpochIterator
+from .._runtime.stats import HasStats, StatsBook
+from .._runtime.forking import call_in_fork
+from .._runtime.layout import BatchReader, SlotWriter
+from .._runtime.persistent import reset_or_restart
+from .._runtime.start import StartSpec, start
+from .._runtime.worker import (batch_decoder, current_logical_worker, read_stream_kept, run_stream_worker,
                               serves_many_logical_workers)
-from .errors import WorkerDiedError
+from ..errors import WorkerDiedError
 
 __all__ = ["DataLoader", "mp_prefetch"]
 
 # grain's own class, bound at import: the usual monkeypatch
 # `grain.DataLoader = spindle.grain.DataLoader` must not make ours build itself.
-_GrainDataLoader = _grain_data_loader.DataLoader
+_GrainDataLoader = _compat.grain_data_loader_class()
 
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
@@ -71,6 +67,10 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
         raise ValueError(f"num_workers must be >= 0, got {options.num_workers}")
     if options.num_workers == 0:
         return ds
+    if _compat.FALLBACK is not None:
+        _compat.warn_fallback()
+        return ds.mp_prefetch(options, **({} if worker_init_fn is None else {"worker_init_fn": worker_init_fn}),
+                              **({"sequential_slice": True} if sequential_slice else {}))
     return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
                             sequential_slice)
 
@@ -95,7 +95,7 @@ class _PrefetchDataset(grain.IterDataset):
 
     @property
     def _element_spec(self) -> Any:
-        return _grain_dataset.get_element_spec(self._parent)
+        return _compat.element_spec(self._parent)
 
 
 class _PrefetchIterator(grain.DatasetIterator):
@@ -124,7 +124,7 @@ class _PrefetchIterator(grain.DatasetIterator):
         # iterators after this one (they share this context), and options set
         # downstream are merged into it before the first element, then carried
         # into the workers (_start).
-        self._ctx.dataset_options = _grain_prefetch.get_dataset_options(ds)
+        self._ctx.dataset_options = _compat.dataset_options(ds)
 
     def __next__(self) -> Any:
         self.start_prefetch()
@@ -302,12 +302,8 @@ def _worker_iterator(ds: Any, num_workers: int, worker: int, sequential_slice: b
     that cannot be sliced works); the iterator knows its worker index and count (which
     seed random_map differently per worker); and the pipeline's options, including
     those set after mp_prefetch, apply inside the worker."""
-    if num_workers > 1:
-        _grain_prefetch._set_slice_iter_dataset(ds, slice(worker, None, num_workers), sequential_slice)
-    _read_in_this_thread(ds)
-    ds = _grain_prefetch._MpContextIterDataset(
-        ds, _grain_base.MultiprocessingContext(process_index=worker, process_count=num_workers))
-    return iter(_grain_dataset.WithOptionsIterDataset(ds, options))
+    _compat.read_in_this_thread(ds)
+    return _compat.worker_iterator(ds, num_workers, worker, sequential_slice, options)
 
 
 def _initial_state(ds: Any, num_workers: int, worker: int, sequential_slice: bool, options: Any) -> Any:
@@ -319,34 +315,14 @@ def _next_index_at(ds: Any, state: Any, options: Any) -> int:
     """In a throwaway fork: the next index of the single worker's iterator at `state`."""
     it = _worker_iterator(ds, 1, 0, False, options)
     it.set_state(state)
-    return _grain_dataset.get_next_index(it)
+    return _compat.next_index(it)
 
 
 def _state_at_index(ds: Any, index: int, options: Any) -> Any:
     """In a throwaway fork: the state of the single worker's iterator set to continue at `index`."""
     it = _worker_iterator(ds, 1, 0, False, options)
-    _grain_dataset.set_next_index(it, index)
+    _compat.set_next_index(it, index)
     return it.get_state()
-
-
-def _read_in_this_thread(ds: Any) -> None:
-    """Sets every read stage of the worker's pipeline to read without threads.
-
-    grain's reads run in a pool of ReadOptions.num_threads (16 by default) in
-    every worker: 16 workers x 16 threads is the thread explosion spindle
-    exists to prevent. A spindle worker is one thread; parallelism comes from
-    the workers. The order of elements does not depend on read threads.
-    """
-    seen, stack = set(), [ds]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        options = getattr(node, "_read_options", None)
-        if isinstance(options, grain.ReadOptions) and options.num_threads != 0:
-            node._read_options = dataclasses.replace(options, num_threads=0)
-        stack.extend(getattr(node, "parents", ()))
 
 
 class DataLoader(HasStats):
@@ -366,6 +342,13 @@ class DataLoader(HasStats):
         if worker_count and worker_count < 0:
             raise ValueError("Worker count should be greater than or equal zero."
                              f"Current worker_count is {worker_count}.")
+        if _compat.FALLBACK is not None:  # grain's own workers
+            _compat.warn_fallback()
+            self._grain = _GrainDataLoader(
+                data_source=data_source, sampler=sampler, operations=operations, worker_count=worker_count,
+                worker_buffer_size=worker_buffer_size, shard_options=shard_options, read_options=read_options,
+                enable_profiling=enable_profiling)
+            return
         # grain validates the arguments and builds the pipeline, without workers.
         self._grain = _GrainDataLoader(
             data_source=data_source, sampler=sampler, operations=operations, worker_count=0,
@@ -373,16 +356,13 @@ class DataLoader(HasStats):
             enable_profiling=enable_profiling)
         workers = worker_count or 0
         if workers > 0:
-            # grain's pipeline for 0 workers is marker(state(pipeline)); put spindle's
-            # multi-process stage under grain's own state wrapper.
-            marker = self._grain._dataset
-            state = marker._parent
-            prefetch = _PrefetchDataset(state._parent, workers, max(1, worker_buffer_size), None, False)
-            prefetch._loader_stats = self._stats_book()
-            state._parents = (prefetch,)
-            state._worker_count = workers
-            self._grain._multiprocessing_options = dataclasses.replace(
-                self._grain._multiprocessing_options, num_workers=workers)
+            # spindle's multi-process stage under grain's own state wrapper.
+            def stage(pipeline: Any) -> _PrefetchDataset:
+                prefetch = _PrefetchDataset(pipeline, workers, max(1, worker_buffer_size), None, False)
+                prefetch._loader_stats = self._stats_book()
+                return prefetch
+
+            _compat.put_stage_under_state(self._grain, stage, workers)
 
     def __iter__(self) -> Any:
         return iter(self._grain)
