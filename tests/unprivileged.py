@@ -87,6 +87,16 @@ def stage(dest: Path, packages: list[str]) -> None:
             libs = path.parent.with_name(owner + ".libs")
             if libs.is_dir() and not (dest / libs.name).exists():
                 shutil.copytree(libs, dest / libs.name)
+        # The distribution's metadata too: a front end checks its peer's release with
+        # importlib.metadata (spindle.grain's _compat), which finds nothing in a bare copy.
+        for dist in distributions.get(name, ()):
+            try:
+                files = importlib.metadata.distribution(dist).files or []
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            info = next((f.parts[0] for f in files if f.parts[0].endswith(".dist-info")), None)
+            if info is not None and not (dest / info).exists():
+                shutil.copytree(Path(importlib.metadata.distribution(dist).locate_file(info)), dest / info)
     for root, dirs, files in os.walk(dest):
         os.chmod(root, 0o755)
         for f in files:
