@@ -34,7 +34,7 @@ demo: install-py
 	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,torch+PIL,spindle-native-processes,spindle-native-threads \
 	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
-test: test-cpp fuzz-smoke test-sanitizers test-py test-matrix
+test: test-cpp fuzz-smoke test-sanitizers test-py test-matrix test-torch-oldest
 
 # --- set-up -----------------------------------------------------------------
 # $(call apt_install,PACKAGES): installs those of PACKAGES that are missing.
@@ -304,7 +304,7 @@ clean:
 	rm -rf build $(VENV) $(RAY_VENV)
 
 # === version matrix (issue 31): spindle.torch on torch 2.4.1–2.14.1, spindle.grain on ====
-# === grain 0.2.12–0.2.18; neither target is part of `make test` ==========================
+# === grain 0.2.12–0.2.18; `make test` runs test-torch-oldest, not test-peers-versions ======
 # One venv per peer release under build/versions (tests/peers/versions/venv.sh NAME: Debian's
 # python3, the pinned peer and its test dependencies; torch as the smallest install that
 # imports on a machine without a GPU), the wheels kept in ~/.cache/spindle/peer-wheels.

@@ -11,7 +11,11 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import (BatchSampler, DataLoader as TorchLoader, Dataset, SequentialSampler,  # noqa: E402
                               SubsetRandomSampler, WeightedRandomSampler, get_worker_info)
 
-from spindle.torch import DataLoader  # noqa: E402
+from spindle.torch import DataLoader, _compat  # noqa: E402
+
+# in_order= is torch 2.6's: on an older torch both loaders refuse it (test_torch_compat checks ours).
+needs_in_order = pytest.mark.skipif(not _compat.accepts(TorchLoader, "in_order"),
+                                    reason=f"torch {torch.__version__} has no in_order (torch 2.6 adds it)")
 
 Point = collections.namedtuple("Point", ["xy", "label"])
 
@@ -97,7 +101,7 @@ def both(dataset, **kwargs):
     dict(batch_size=4, sampler=WeightedRandomSampler([1.0] * 97, 50), num_workers=2, seed=4),
     dict(batch_sampler=[[3, 1, 4], [1, 5], [9, 2, 6, 5, 3]], num_workers=2),
     dict(batch_sampler=BatchSampler(SequentialSampler(range(97)), 13, False), num_workers=2),
-    dict(batch_size=7, num_workers=2, in_order=False),
+    pytest.param(dict(batch_size=7, num_workers=2, in_order=False), marks=needs_in_order),
     dict(batch_size=None, num_workers=2),
     dict(batch_size=8, drop_last=True, num_workers=2),
     dict(batch_size=9, shuffle=True, num_workers=2),
@@ -516,6 +520,7 @@ class StuckFirst(Dataset):
         return i
 
 
+@needs_in_order
 @pytest.mark.parametrize("cls", [TorchLoader, DataLoader], ids=["torch", "spindle"])
 def test_out_of_order_loading_stops_feeding_a_stuck_worker(cls):
     """in_order=False: while one worker is stuck, the others get the following batches; at most
@@ -525,6 +530,7 @@ def test_out_of_order_loading_stops_feeding_a_stuck_worker(cls):
     assert delivered.index(0) >= len(delivered) - 2, delivered
 
 
+@needs_in_order
 def test_out_of_order_iterable_datasets_give_torchs_batches():
     """in_order=False over an IterableDataset that shards by worker: the same batches as torch's."""
     expected, got = both(Shards(), batch_size=3, num_workers=3, in_order=False)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader as TorchLoader, Dataset, RandomSampler  
 from torch.utils.data import default_collate  # noqa: E402
 
 import spindle.torch  # noqa: E402
-from spindle.torch import DataLoader  # noqa: E402
+from spindle.torch import DataLoader, _compat  # noqa: E402
 
 
 class WhoLoads(Dataset):
@@ -320,6 +320,8 @@ class SlowFirst(Dataset):
         return i
 
 
+@pytest.mark.skipif(not _compat.accepts(torch.utils.data.DataLoader, "in_order"),
+                    reason=f"torch {torch.__version__} has no in_order (torch 2.6 adds it)")
 @pytest.mark.parametrize("in_order", [True, False])
 def test_out_of_order_delivery_assigns_batches_to_workers_as_torch_does(in_order):
     """Proves: with in_order=False a slow worker is skipped but keeps the batches already sent to it, so

@@ -137,7 +137,8 @@ class Unpicklable(Dataset):
 
 def test_an_unpicklable_dataset_under_spawn_warns_and_raises_like_torch():
     """Proves: a dataset that does not pickle (a lambda) under 'spawn' fails at iter() with torch's
-    exception type and message, after torch's "Got pickle error" warning; no worker starts."""
+    exception type and message, after torch's "Got pickle error" warning where this torch gives one
+    (2.13 on; not 2.4 or 2.8); no worker starts."""
     outcomes = []
     for cls in (TorchLoader, DataLoader):
         with warnings.catch_warnings(record=True) as caught, pytest.raises(Exception) as raised:
@@ -146,7 +147,11 @@ def test_an_unpicklable_dataset_under_spawn_warns_and_raises_like_torch():
         words = [str(w.message) for w in caught if "pickle error" in str(w.message)]
         outcomes.append((type(raised.value), str(raised.value), words))
     assert outcomes[1] == outcomes[0]
-    assert outcomes[0][2] and outcomes[0][2][0].startswith("Got pickle error when attempting to start a worker")
+    from spindle.torch import _compat
+
+    assert bool(outcomes[0][2]) == (_compat.PICKLE_WARNING is not None)
+    if outcomes[0][2]:
+        assert outcomes[0][2][0].startswith("Got pickle error when attempting to start a worker")
 
 
 class EnvironmentAtStart(Dataset):

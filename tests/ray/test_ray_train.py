@@ -109,6 +109,8 @@ def test_ray_train_workers_load_their_shards_on_spindle_processes(tmp_path, monk
         assert r["sharded"]["iterator"].startswith("spindle.") and r["sharded"]["workers"] == 2
         assert not r["plain"]["kept"] and r["plain"]["class"] == "torch.utils.data.dataloader.DataLoader"
         assert r["plain"]["ids"] == sampler_order(2, r["rank"], 0)  # Ray's DistributedSampler: seed 0
+        # the rebuilt loader is adopted: its DistributedSampler is over a spindle loader's dataset
+        assert r["plain"]["iterator"].startswith("spindle.") and r["plain"]["workers"] == 2
         installed = r["installed"]
         assert installed["class"] == "torch.utils.data.dataloader.DataLoader"
         assert installed["ids"] == sampler_order(2, r["rank"], 0)

@@ -53,6 +53,8 @@ class StartSpec:
     - ``start_method``: "fork" (the default) or, for workers that must be new interpreters
       (the consumer must not be forked: CUDA initialized, torch's ``multiprocessing_context``),
       "spawn" or "forkserver" (both spawn). Native pipelines always fork (or use threads).
+    - ``pickle_warning``: warned before the error when spawned workers' arguments do not pickle
+      (torch's words by default; spindle.torch passes what the installed torch says, or None).
     """
 
     num_workers: int = _DEFAULTS.num_workers
@@ -69,6 +71,7 @@ class StartSpec:
     max_threads: Optional[int] = _DEFAULTS.max_threads
     budget_policy: Optional[str] = None
     start_method: str = "fork"
+    pickle_warning: Optional[str] = PICKLE_ERROR_WORDS
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:
@@ -85,7 +88,7 @@ class StartSpec:
         set as it is; None is resolved now, by the core (torch and grain: ``$SPINDLE_BUDGET_POLICY``)."""
         options = _core.LoaderOptions()
         for field in dataclasses.fields(self):
-            if field.name not in ("budget_policy", "start_method"):
+            if field.name not in ("budget_policy", "start_method", "pickle_warning"):
                 setattr(options, field.name, getattr(self, field.name))
         options.budget_policy = (self.budget_policy if self.budget_policy is not None
                                  else _core.resolve_budget_policy())
@@ -115,7 +118,8 @@ def start(spec: StartSpec, body: Callable[[Any], Any], *, order: np.ndarray, sta
         try:
             payload = WorkerPayload(body, {})
         except (TypeError, AttributeError, pickle.PicklingError):
-            warnings.warn(PICKLE_ERROR_WORDS, stacklevel=stacklevel + 1)
+            if spec.pickle_warning is not None:
+                warnings.warn(spec.pickle_warning, stacklevel=stacklevel + 1)
             raise
         with payload:
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,

@@ -158,7 +158,8 @@ class Engine(HasStats):
             # Under a short budget the num_workers asked stay the batches' turns (logical workers).
             spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
                              logical_workers=True, fed=fed, prefetch_factor=loader.prefetch_factor,
-                             in_order=_compat.in_order(loader), timeout=loader.timeout, start_method=self._start_method())
+                             in_order=_compat.in_order(loader), timeout=loader.timeout, start_method=self._start_method(),
+                             pickle_warning=_compat.PICKLE_WARNING)
             body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
             # The warnings point at the user's iter(loader).
             runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
@@ -245,7 +246,8 @@ class Engine(HasStats):
             logical = not isinstance(loader.dataset, IterDataPipe)
             spec = StartSpec(num_workers=loader.num_workers, round_robin=True, logical_workers=logical,
                              batch_capacity=n, prefetch_factor=loader.prefetch_factor, in_order=_compat.in_order(loader),
-                             timeout=loader.timeout, start_method=self._start_method())
+                             timeout=loader.timeout, start_method=self._start_method(),
+                             pickle_warning=_compat.PICKLE_WARNING)
             body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
                            restart=partial(reseed_stream, dataset=shared))
