@@ -9,14 +9,10 @@ install(TARGETS spindle_core EXPORT spindleTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-# Public headers; detail/ is not API and stays out, except the headers a public
-# one includes (worker_context.hpp holds a BatchRing by value), installed as
-# internal: they may change in any release.
+# Public headers; detail/ is not API and stays out: no public header includes
+# one (worker_context.hpp only declares the ring it views).
 install(DIRECTORY include/spindle DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
   FILES_MATCHING PATTERN "*.hpp" PATTERN "detail" EXCLUDE)
-install(FILES include/spindle/detail/batch_ring.hpp include/spindle/detail/index_queue.hpp
-  include/spindle/detail/futex.hpp
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/spindle/detail)
 
 set(_spindle_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/spindle)
 install(EXPORT spindleTargets NAMESPACE spindle:: DESTINATION ${_spindle_cmake_dir})

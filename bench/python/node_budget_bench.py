@@ -123,7 +123,7 @@ def one_run(use_jax: bool, ledger: bool, headroom: int, extra_path: tuple[str, .
     sampler.start()
     base = uid_tasks(NOBODY)
     try:
-        done = run_limited(script, headroom=headroom, timeout=400, extra_path=extra_path)
+        done = run_limited(script, headroom=headroom, timeout=400, extra_path=extra_path, uid=NOBODY)
     finally:
         stop.set()
         sampler.join()

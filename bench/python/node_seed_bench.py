@@ -394,7 +394,8 @@ def _stderr_tail(text: str) -> list[str]:
 def _run(script: str, headroom: int, timeout: float, extra_path: tuple[str, ...]) -> subprocess.CompletedProcess:
     """run_limited, with a timeout reported as a failed run instead of raised."""
     try:
-        return run_limited(script, headroom=headroom, timeout=timeout, extra_path=extra_path)
+        # As NOBODY, the uid the samplers watch (a benchmark runs alone).
+        return run_limited(script, headroom=headroom, timeout=timeout, extra_path=extra_path, uid=NOBODY)
     except subprocess.TimeoutExpired as exc:
         decode = (lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or ""))
         return subprocess.CompletedProcess(exc.cmd, None, decode(exc.stdout),

@@ -177,7 +177,7 @@ def run_under_ulimit(loader: str) -> dict[str, Any]:
     started = time.perf_counter()
     with TreeSampler(None, period_s=SAMPLE_PERIOD_S, uid=NOBODY) as sampler:
         try:
-            done = run_limited(loader_epoch_script(loader), headroom=HEADROOM, timeout=RUN_TIMEOUT_S,
+            done = run_limited(loader_epoch_script(loader), headroom=HEADROOM, timeout=RUN_TIMEOUT_S, uid=NOBODY,
                                extra_path=(torch_site_packages(),))
             out, err, rc = done.stdout, done.stderr, done.returncode
         except subprocess.TimeoutExpired as exc:

@@ -14,5 +14,6 @@ PYBIND11_MODULE(_core, m) {
   spindle::python::register_ops(m);
   spindle::python::register_pipeline(m);
   spindle::python::register_procfs(m);
+  spindle::python::register_diagnostics(m);
   spindle::python::register_shared(m);
 }

@@ -3,8 +3,7 @@
 
 #include <thread>
 
-#include <spindle/detail/arena.hpp>
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/thread_budget.hpp>
 
 #include "interop/convert.hpp"
@@ -14,11 +13,6 @@
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::Arena;
-using spindle::detail::LeaseInfo;
-using spindle::detail::LedgerLease;
-using spindle::detail::LedgerStatus;
-using spindle::detail::BudgetLedger;
 namespace {
 // kUnlimited shows up in Python as None.
 std::optional<int64_t> opt(int64_t v) { return v == kUnlimited ? std::nullopt : std::optional<int64_t>(v); }
@@ -66,6 +60,16 @@ void register_budget(py::module_& m) {
            "started yet, with arena threads within cpus - 1 less `arena_held` (those the process's live loaders "
            "hold); raises ThreadBudgetError, with the numbers, if they do not fit.")
       .def("__repr__", [](const ThreadBudget& b) { return "ThreadBudget(" + b.describe() + ")"; });
+
+  py::tuple names(kBudgetPolicyNames.size());
+  for (std::size_t i = 0; i < kBudgetPolicyNames.size(); ++i) names[i] = py::str(kBudgetPolicyNames[i]);
+  m.attr("BUDGET_POLICIES") = names;
+  m.def(
+      "resolve_budget_policy",
+      [](std::optional<std::string> name) { return std::string(budget_policy_name(resolve_budget_policy(name))); },
+      py::arg("name") = py::none(),
+      "The budget policy a loader runs with: name if given, else $SPINDLE_BUDGET_POLICY, else \"shrink\"; "
+      "ValueError naming where a bad name came from. The one resolution of the policy; every front end asks here.");
 
   py::class_<LedgerLease>(m, "LedgerLease",
                           "A share of the node's thread budget (the budget ledger); given back by release() "
@@ -152,7 +156,7 @@ void register_budget(py::module_& m) {
         return d;
       },
       "Where the node budget ledger is and whether it is used (with the reason if not).");
-  m.def("arena_extra_threads", [] { return Arena::global().extra_threads(); },
+  m.def("arena_extra_threads", &arena_extra_threads,
         "Extra threads the process's TBB arena may run: the sum granted to the live loaders, at most cpus - 1.");
 }
 

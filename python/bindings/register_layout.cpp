@@ -3,7 +3,6 @@
 // convert types and release the GIL, nothing else.
 #include <pybind11/stl.h>
 
-#include <spindle/detail/batch_ring.hpp>
 #include <spindle/slot_layout.hpp>
 
 #include "interop/convert.hpp"
@@ -14,10 +13,9 @@
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::BatchRing;
 
 void register_layout(py::module_& m) {
-  m.attr("MIN_SLOT_BYTES") = BatchRing::kMinSlotStride;
+  m.attr("MIN_SLOT_BYTES") = kMinSlotBytes;
 
   py::class_<SlotLayout> layout(m, "SlotLayout",
                                 "How a batch of fields (dtype, per-sample shape) is laid out in a ring slot: one "

@@ -1,6 +1,7 @@
 // The operating-system facts of <spindle/procfs.hpp>: a process's stat, its
-// threads and their names, the cgroup pids levels, parent death. Converts
-// types and releases the GIL; the reading is all procfs's.
+// threads and their names, the cgroup pids levels, another process's
+// descriptor, parent death. Converts types and releases the GIL; the reading
+// is all procfs's. The tools' readers are register_diagnostics.cpp's.
 #include <pybind11/stl.h>
 
 #include <spindle/procfs.hpp>
@@ -10,17 +11,6 @@
 namespace py = pybind11;
 
 namespace spindle::python {
-namespace {
-
-// fn() with the GIL released: the reading is procfs's, the conversion the caller's.
-template <class Fn>
-auto without_gil(Fn&& fn) {
-  py::gil_scoped_release release;
-  return fn();
-}
-
-}  // namespace
-
 void register_procfs(py::module_& m) {
   py::class_<procfs::ProcessStat>(m, "ProcessStat", "The fields of /proc/<pid>/stat the package uses.")
       .def_readonly("pid", &procfs::ProcessStat::pid, "The process id (field 1).")
@@ -145,64 +135,13 @@ void register_procfs(py::module_& m) {
   m.def("clock_ticks_per_second", &procfs::clock_ticks_per_second,
         "Clock ticks per second: the unit of ProcessStat.utime, stime and start_time.");
   m.def(
-      "process_limits",
-      [](int pid, const std::string& proc_root) {
-        const auto limits = without_gil([&] { return procfs::read_limits(pid, proc_root); });
-        if (!limits) return py::object(py::none());
-        py::dict out;
-        for (const auto& l : *limits) out[py::str(l.name)] = py::make_tuple(l.soft, l.hard);
-        return py::object(std::move(out));
+      "open_process_fd",
+      [](int pid, int fd, const std::string& proc_root) {
+        return without_gil([&] { return procfs::open_process_fd(pid, fd, proc_root); });
       },
-      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "/proc/<pid>/limits as {name: (soft, hard)}, e.g. \"Max processes\"; None for unlimited. None if the "
-      "process is gone.");
-  m.def(
-      "process_cmdline",
-      [](int pid, const std::string& proc_root) {
-        return without_gil([&] { return procfs::read_cmdline(pid, proc_root); });
-      },
-      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "/proc/<pid>/cmdline as its arguments (empty for a kernel thread); None if the process is gone.");
-  m.def(
-      "sysctl_int",
-      [](const std::string& name, const std::string& proc_root) {
-        return without_gil([&] { return procfs::read_sysctl_int(name, proc_root); });
-      },
-      py::arg("name"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "An integer sysctl named as sysctl(8) names it (\"kernel.threads-max\"); None if absent or unreadable.");
-  m.def(
-      "process_maps",
-      [](int pid, const std::string& proc_root) {
-        const auto maps = without_gil([&] { return procfs::read_maps(pid, proc_root); });
-        if (!maps) return py::object(py::none());
-        py::list out;
-        for (const auto& mp : *maps) out.append(py::make_tuple(mp.start, mp.end, mp.perms, mp.path));
-        return py::object(std::move(out));
-      },
-      py::arg("pid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "/proc/<pid>/maps as (start, end, perms, path) tuples, path \"\" for anonymous memory; None if the "
-      "process is gone. OSError without ptrace access.");
-  m.def(
-      "thread_stack_pointer",
-      [](int pid, int tid, const std::string& proc_root) -> py::object {
-        const auto state = without_gil([&] { return procfs::read_thread_syscall(pid, tid, proc_root); });
-        if (!state) return py::none();
-        if (state->running) return py::str("running");
-        return py::int_(*state->stack_pointer);
-      },
-      py::arg("pid"), py::arg("tid"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "The stack pointer of a blocked thread (/proc/<pid>/task/<tid>/syscall), \"running\" for a thread on a "
-      "CPU, None if it is gone. OSError without ptrace access.");
-  m.def(
-      "read_process_memory",
-      [](int pid, uint64_t address, std::size_t length, const std::string& proc_root) -> py::object {
-        const auto data = without_gil([&] { return procfs::read_memory(pid, address, length, proc_root); });
-        if (!data) return py::none();
-        return py::bytes(*data);
-      },
-      py::arg("pid"), py::arg("address"), py::arg("length"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
-      "length bytes of process pid's memory at address (/proc/<pid>/mem; fewer where the range ends in "
-      "unmapped memory); None if the process is gone. OSError without ptrace access.");
+      py::arg("pid"), py::arg("fd"), py::kw_only(), py::arg("proc_root") = procfs::kProcRoot,
+      "Process pid's descriptor fd opened anew, read-only (/proc/<pid>/fd/<fd>); the new descriptor is the "
+      "caller's to close. OSError (errno set) if the process or descriptor is gone or another uid's.");
   m.def(
       "arm_parent_death",
       [](int parent, int signal) {

@@ -2,7 +2,7 @@
 // written once by the consumer, then sealed read-only) and SegmentView (the
 // read-only mapping a process that did not fork from the maker opens from a
 // descriptor). Both are buffers; converting is all this file does, the
-// segments' lifetime rules are ShmSegment's (detail/shm_segment.hpp).
+// segments' lifetime rules are ShmSegment's (shm_segment.hpp).
 //
 // And the other way a forked worker reads a container of plain values without
 // copying it: in place (inherited_item). Reading a Python object writes its
@@ -11,15 +11,13 @@
 // pointers instead, writing nothing of the consumer's objects.
 #include <memory>
 
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/shm_segment.hpp>
 
 #include "register.hpp"
 
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::SegmentView;
-using spindle::detail::ShmSegment;
 namespace {
 
 constexpr int kMaxPlainDepth = 32;

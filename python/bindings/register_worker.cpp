@@ -8,7 +8,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <spindle/detail/batch_ring.hpp>
 #include <spindle/loader.hpp>
 #include <spindle/payload_parts.hpp>
 #include <spindle/worker_context.hpp>
@@ -188,10 +187,10 @@ void register_worker(py::module_& m) {
       .def("sample_record",
            [](py::object self) {
              WorkerContext& ctx = self.cast<WorkerContext&>();
-             auto& rec = ctx.ring().worker(static_cast<uint32_t>(ctx.worker_id()));
-             static_assert(sizeof(rec.sample_index) == sizeof(int64_t));
+             std::atomic<int64_t>& word = ctx.sample_record();
+             static_assert(sizeof(word) == sizeof(int64_t) && std::atomic<int64_t>::is_always_lock_free);
              return py::array(py::dtype("<i8"), {py::ssize_t{1}}, {py::ssize_t{8}},
-                              reinterpret_cast<int64_t*>(&rec.sample_index), self);
+                              reinterpret_cast<int64_t*>(&word), self);
            },
            "This worker's crash record (one int64: the sample being produced), as an array a loop can "
            "update with a plain store; the consumer reports it if the worker dies.")

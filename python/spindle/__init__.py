@@ -32,7 +32,7 @@ from .errors import (
 )
 
 from .limits import RuntimeLimit, ThreadLimitReport, limit_threads
-from ._runtime.shared import SharedDict, SharedList, shared
+from ._runtime.shared_containers import SharedDict, SharedList, shared
 
 __all__ = [
     "DataLoader",
@@ -73,7 +73,7 @@ def __getattr__(name: str) -> Any:
     if name == "PipelineLoader":
         return importlib.import_module(".pipeline", __name__).PipelineLoader
     if name in ("mix", "Mix"):
-        return getattr(importlib.import_module("._state.mixing", __name__), name)
+        return getattr(importlib.import_module("._state.mix", __name__), name)
     if name in ("ops", "pipeline"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'spindle' has no attribute {name!r}")

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'BUDGET_POLICIES', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'open_process_fd', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'resolve_budget_policy', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -1090,6 +1090,10 @@ def normalize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], mean
     """
     (x / 255 - mean) / std as float32, (H, W, C) or with chw (C, H, W).
     """
+def open_process_fd(pid: typing.SupportsInt | typing.SupportsIndex, fd: typing.SupportsInt | typing.SupportsIndex, *, proc_root: str = '/proc') -> int:
+    """
+    Process pid's descriptor fd opened anew, read-only (/proc/<pid>/fd/<fd>); the new descriptor is the caller's to close. OSError (errno set) if the process or descriptor is gone or another uid's.
+    """
 def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> Loader:
     """
     A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
@@ -1150,6 +1154,10 @@ def resize(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8], size: t
     """
     PIL-equal antialiased bilinear resize of an (H, W, C) uint8 array.
     """
+def resolve_budget_policy(name: str | None = None) -> str:
+    """
+    The budget policy a loader runs with: name if given, else $SPINDLE_BUDGET_POLICY, else "shrink"; ValueError naming where a bad name came from. The one resolution of the policy; every front end asks here.
+    """
 def rgb_to_grayscale(image: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8]) -> numpy.ndarray:
     """
     torchvision rgb_to_grayscale(num_output_channels=3) of an (H, W, 3) copy.
@@ -1162,4 +1170,5 @@ def thread_stack_pointer(pid: typing.SupportsInt | typing.SupportsIndex, tid: ty
     """
     The stack pointer of a blocked thread (/proc/<pid>/task/<tid>/syscall), "running" for a thread on a CPU, None if it is gone. OSError without ptrace access.
     """
+BUDGET_POLICIES: tuple = ('shrink', 'wait', 'fail')
 MIN_SLOT_BYTES: int = 65536

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import _core
-from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
@@ -194,7 +193,7 @@ class DataLoader(HasStats):
         self.drop_last = bool(drop_last)
         self.in_order = bool(in_order)
         self.max_threads = max_threads
-        self.budget_policy = resolve_policy(budget_policy)
+        self.budget_policy = _core.resolve_budget_policy(budget_policy)
         self.worker_init_fn = worker_init_fn
         if persistent_workers and self.num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")

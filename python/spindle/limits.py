@@ -49,7 +49,7 @@ import collections
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from ._budget import runtimes
 from ._budget.threads import process_threads
@@ -58,10 +58,6 @@ try:
     import threadpoolctl
 except ImportError:  # a declared dependency; without it loaded pools are reported, not capped
     threadpoolctl = None
-
-# threadpoolctl's internal_api -> our runtime name.
-_THREADPOOLCTL_RUNTIMES = {"openblas": "OpenBLAS", "openmp": "OpenMP", "mkl": "MKL", "blis": "BLIS",
-                           "flexiblas": "FlexiBLAS"}
 
 # The states a RuntimeLimit reports:
 CAPPED = "capped"
@@ -145,18 +141,20 @@ def limit_threads(n: int) -> ThreadLimitReport:
 
     environment = {var: _cap_variable(var, n) for var in runtimes.environment(n)}
 
+    # Which runtimes are reported, and how, is the runtime table's (its `limit` field), in its order.
+    loaded = _threadpoolctl_pools()
     results: list[RuntimeLimit] = []
-    results += _cap_loaded_native(n, existing)
-    results.append(_cap_torch(n, existing))
-    results.append(_cap_jax(n, existing))
-    results.append(_cap_tensorflow(n, existing))
-    results.append(_cap_grain(n, existing))
-    results += [_cap_from_table(runtimes.BY_NAME[name], n, existing)
-                for name in ("tokenizers", "OpenCV", "Arrow", "polars", "numba", "onnxruntime")]
-    results.append(RuntimeLimit(
-        "TBB", NOT_CAPPED, "oneTBB reads no environment variable; spindle's own arena is sized from its "
-        "ThreadBudget", existing["TBB"],
-        "" if not existing["TBB"] else "a library running its own TBB pool must cap it with tbb::global_control"))
+    for runtime in runtimes.RUNTIMES:
+        if runtime.limit == "threadpoolctl":
+            result = _cap_loaded_native(runtime, loaded.get(runtime.threadpoolctl or "", []), n, existing)
+        elif runtime.limit == "table":
+            result = _cap_from_table(runtime, n, existing)
+        elif runtime.limit == "own":
+            result = _OWN[runtime.name](n, existing)
+        else:
+            continue
+        if result is not None:
+            results.append(result)
     return ThreadLimitReport(n, tuple(results), environment, threads_before)
 
 
@@ -169,41 +167,42 @@ def _cap_variable(var: str, n: int) -> str:
     return str(n)
 
 
-def _cap_loaded_native(n: int, existing: collections.Counter) -> list[RuntimeLimit]:
-    """OpenMP, MKL, OpenBLAS, BLIS: through threadpoolctl if loaded, else the environment."""
+def _threadpoolctl_pools() -> dict[str, list[Any]]:
+    """The native pools threadpoolctl finds loaded, by its name for them (``internal_api``)."""
     loaded: dict[str, list[Any]] = collections.defaultdict(list)
     if threadpoolctl is not None:
         for lib in threadpoolctl.ThreadpoolController().lib_controllers:
-            loaded[_THREADPOOLCTL_RUNTIMES.get(lib.internal_api, lib.internal_api)].append(lib)
-    out = []
-    for runtime in ("OpenMP", "MKL", "OpenBLAS", "BLIS", "FlexiBLAS"):
-        known = runtimes.BY_NAME.get(runtime)
-        variables = "=".join((*(known.variables if known else ()), str(n)))
-        if runtime not in loaded:
-            if known is not None and known.variables:
-                how = f"{variables} (read when it loads)"
-                if threadpoolctl is None and existing[runtime]:
-                    out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
-                                            "pip install threadpoolctl to cap a loaded library"))
-                else:
-                    out.append(RuntimeLimit(runtime, AT_START, how, existing[runtime]))
-            continue
-        was = []
-        for lib in loaded[runtime]:
-            count = lib.num_threads
-            was.append(count)
-            if count > n:  # only lower: raising OpenBLAS's count starts threads
-                lib.set_num_threads(n)
-        how = f"loaded, set to {n} threads through threadpoolctl (was {max(was)})"
-        # A pool of n threads runs n - 1 threads beside the caller.
-        if existing[runtime] > n - 1:
-            # OpenBLAS (pthreads) and libgomp: lowering the count stops no thread.
-            out.append(RuntimeLimit(runtime, RUNNING, how, existing[runtime],
-                                    f"its pool threads stay until the process exits: set {variables} before "
-                                    "it loads, or call spindle.limit_threads first thing"))
-        else:
-            out.append(RuntimeLimit(runtime, CAPPED, how, existing[runtime]))
-    return out
+            loaded[lib.internal_api].append(lib)
+    return loaded
+
+
+def _cap_loaded_native(runtime: runtimes.Runtime, libs: list[Any], n: int,
+                       existing: collections.Counter) -> RuntimeLimit | None:
+    """OpenMP, MKL, OpenBLAS, BLIS, FlexiBLAS: through threadpoolctl if loaded, else the environment
+    (None: not loaded, and no variable of its own to set)."""
+    name = runtime.name
+    variables = "=".join((*runtime.variables, str(n)))
+    if not libs:
+        if not runtime.variables:
+            return None
+        how = f"{variables} (read when it loads)"
+        if threadpoolctl is None and existing[name]:
+            return RuntimeLimit(name, RUNNING, how, existing[name], "pip install threadpoolctl to cap a loaded library")
+        return RuntimeLimit(name, AT_START, how, existing[name])
+    was = []
+    for lib in libs:
+        count = lib.num_threads
+        was.append(count)
+        if count > n:  # only lower: raising OpenBLAS's count starts threads
+            lib.set_num_threads(n)
+    how = f"loaded, set to {n} threads through threadpoolctl (was {max(was)})"
+    # A pool of n threads runs n - 1 threads beside the caller.
+    if existing[name] > n - 1:
+        # OpenBLAS (pthreads) and libgomp: lowering the count stops no thread.
+        return RuntimeLimit(name, RUNNING, how, existing[name],
+                            f"its pool threads stay until the process exits: set {variables} before "
+                            "it loads, or call spindle.limit_threads first thing")
+    return RuntimeLimit(name, CAPPED, how, existing[name])
 
 
 def _cap_torch(n: int, existing: collections.Counter) -> RuntimeLimit:
@@ -287,7 +286,7 @@ def _cap_from_table(runtime: runtimes.Runtime, n: int, existing: collections.Cou
     if runtime.cap is None:
         # Loaded, and no call changes its pool: the variables reach it only if it has not sized it yet.
         how = f"{variables} (read when it sizes its pool; it is loaded)"
-        if threads or runtime.name == "polars":  # polars sizes its pool at import
+        if threads or runtime.sized_at_import:
             return RuntimeLimit(runtime.name, RUNNING, how, threads, runtime.advice)
         return RuntimeLimit(runtime.name, AT_START, how, threads)
     capped = runtime.cap(module, n)
@@ -296,3 +295,15 @@ def _cap_from_table(runtime: runtimes.Runtime, n: int, existing: collections.Cou
         return RuntimeLimit(runtime.name, RUNNING, how, threads,
                             "threads it started before the call may stay: " + runtime.advice)
     return RuntimeLimit(runtime.name, CAPPED, how, threads)
+
+
+def _report_tbb(n: int, existing: collections.Counter) -> RuntimeLimit:
+    return RuntimeLimit(
+        "TBB", NOT_CAPPED, "oneTBB reads no environment variable; spindle's own arena is sized from its "
+        "ThreadBudget", existing["TBB"],
+        "" if not existing["TBB"] else "a library running its own TBB pool must cap it with tbb::global_control")
+
+
+# The runtimes whose row says limit="own": what limit_threads does for each is code, not a table row.
+_OWN: dict[str, Callable[[int, collections.Counter], RuntimeLimit]] = {
+    "torch": _cap_torch, "JAX/XLA": _cap_jax, "TensorFlow": _cap_tensorflow, "grain": _cap_grain, "TBB": _report_tbb}

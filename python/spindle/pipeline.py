@@ -34,7 +34,6 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._budget.policy import resolve_policy
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
 from ._runtime.start import LOADER_DEFAULTS, StartSpec, start_pipeline
@@ -367,7 +366,7 @@ class PipelineLoader(HasStats):
         self.timeout = float(timeout)
         self.prefetch_factor = int(prefetch_factor)
         self.max_threads = max_threads
-        self.budget_policy = resolve_policy(budget_policy)
+        self.budget_policy = _core.resolve_budget_policy(budget_policy)
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         if self.shard is not None and pipeline.source[0] == "webdataset":

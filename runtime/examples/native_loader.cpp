@@ -38,7 +38,7 @@ int produce_images(spindle::WorkerContext& ctx) {
   std::optional<spindle::SlotLayout> layout;
   while (auto item = ctx.claim()) {
     if (!layout) layout.emplace(std::vector<spindle::FieldSpec>{{"|u1", {kSide, kSide, 3}}, {"<i8", {}}},
-                                ctx.ring().geometry().batch_capacity);
+                                ctx.batch_capacity());
     try {
       std::span<std::byte> out = ctx.begin_arrays(*item, *layout, "image,label");
       std::span<uint8_t> images = layout->view<uint8_t>(out, 0);

@@ -230,3 +230,9 @@ void Arena::parallel_copy(void* dst, const void* src, std::size_t bytes) {
 }
 
 }  // namespace spindle::detail
+
+namespace spindle {
+
+int arena_extra_threads() noexcept { return detail::Arena::global().extra_threads(); }
+
+}  // namespace spindle

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <thread>
 #include <utility>
@@ -14,28 +15,45 @@
 // marked started. The table itself is budget_ledger_table.cpp's.
 namespace spindle {
 
-BudgetPolicy parse_budget_policy(const std::string& name) {
-  if (name == "shrink") return BudgetPolicy::kShrink;
-  if (name == "wait") return BudgetPolicy::kWait;
-  if (name == "fail") return BudgetPolicy::kFail;
+namespace {
+
+// "budget_policy should be one of 'shrink', 'wait', 'fail', but got 'x'", `source` naming where x came from.
+[[noreturn]] void refuse_policy(const std::string& source, const std::string& name) {
+  std::string allowed;
+  for (const char* n : kBudgetPolicyNames) allowed += std::string(allowed.empty() ? "'" : ", '") + n + "'";
   SPINDLE_THROW(std::invalid_argument,
-                "spindle: budget_policy must be \"shrink\", \"wait\" or \"fail\" (got \"" + name + "\")");
+                "spindle: " + source + " should be one of " + allowed + ", but got '" + name + "'");
+}
+
+}  // namespace
+
+BudgetPolicy parse_budget_policy(const std::string& name) {
+  for (std::size_t i = 0; i < kBudgetPolicyNames.size(); ++i)
+    if (name == kBudgetPolicyNames[i]) return static_cast<BudgetPolicy>(i);
+  refuse_policy("budget_policy", name);
 }
 
 const char* budget_policy_name(BudgetPolicy p) noexcept {
-  switch (p) {
-    case BudgetPolicy::kShrink: return "shrink";
-    case BudgetPolicy::kWait: return "wait";
-    case BudgetPolicy::kFail: return "fail";
+  const auto i = static_cast<std::size_t>(p);
+  return i < kBudgetPolicyNames.size() ? kBudgetPolicyNames[i] : "?";
+}
+
+BudgetPolicy resolve_budget_policy(const std::optional<std::string>& name) {
+  if (name) return parse_budget_policy(*name);
+  const char* env = std::getenv(kBudgetPolicyVariable);
+  if (env == nullptr || *env == '\0') return BudgetPolicy::kShrink;
+  try {
+    return parse_budget_policy(env);
+  } catch (const std::invalid_argument&) {
+    refuse_policy(std::string("$") + kBudgetPolicyVariable, env);
   }
-  return "?";
 }
 
 }  // namespace spindle
 
-namespace spindle::detail {
+namespace spindle {
 
-using namespace ledger;
+using namespace detail::ledger;
 
 // ---------------------------------------------------------------- leases
 
@@ -253,4 +271,4 @@ int BudgetLedger::local_arena_threads() {
   return impl_->local_helpers();
 }
 
-}  // namespace spindle::detail
+}  // namespace spindle

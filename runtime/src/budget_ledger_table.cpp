@@ -17,8 +17,7 @@
 
 #include <spindle/procfs.hpp>
 
-namespace spindle::detail {
-namespace ledger {
+namespace spindle::detail::ledger {
 namespace {
 
 void fresh(Table& t) {
@@ -76,9 +75,11 @@ uint64_t my_start_time() {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-}  // namespace ledger
+}  // namespace spindle::ledger
 
-using namespace ledger;
+namespace spindle {
+
+using namespace detail::ledger;
 
 std::optional<uint64_t> process_start_time(pid_t pid, const std::string& proc_root) {
   // Any failure to read it is "not that process": the record is reclaimed.
@@ -271,4 +272,4 @@ LedgerStatus BudgetLedger::status() {
   return s;
 }
 
-}  // namespace spindle::detail
+}  // namespace spindle

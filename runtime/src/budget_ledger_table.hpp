@@ -9,7 +9,7 @@
 //                            available, leases given back and marked started
 //
 // The design (why one file per uid, why flock per access, why it is never
-// trusted) is in <spindle/detail/budget_ledger.hpp>.
+// trusted) is in <spindle/budget_ledger.hpp>.
 
 #include <sys/types.h>
 #include <unistd.h>
@@ -25,7 +25,7 @@
 #include <string>
 #include <type_traits>
 
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 
 namespace spindle::detail::ledger {
 
@@ -95,12 +95,12 @@ bool valid(const Table& t);
 
 }  // namespace spindle::detail::ledger
 
-namespace spindle::detail {
+namespace spindle {
 
 struct BudgetLedger::Impl {
-  using Local = ledger::Local;
-  using Table = ledger::Table;
-  using TableRecord = ledger::TableRecord;
+  using Local = detail::ledger::Local;
+  using Table = detail::ledger::Table;
+  using TableRecord = detail::ledger::TableRecord;
   // fn(table, pending of the other processes, our pid, our start time): true if it changed the table.
   using TableFn = std::function<bool(Table&, int64_t, pid_t, uint64_t)>;
 
@@ -180,4 +180,4 @@ struct BudgetLedger::Impl {
   bool with_table(const std::string& path, const TableFn& fn);
 };
 
-}  // namespace spindle::detail
+}  // namespace spindle

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <stdexcept>
 
@@ -24,8 +25,6 @@ using detail::Arena;
 using detail::SlotHeader;
 using detail::RingGeometry;
 using detail::BatchRing;
-using detail::LedgerGrant;
-using detail::BudgetLedger;
 using detail::forked_workers;
 using detail::spawned_workers;
 using detail::zygote_workers;
@@ -153,10 +152,7 @@ void Loader::prepare(bool threads) {
   leases_->arena = Arena::global().lease(plan_.arena_threads + (threads ? plan_.num_workers : 0));
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
-  const auto want = static_cast<std::size_t>(nw) * static_cast<uint32_t>(options.prefetch_factor);
-  // Streams and fed plans: the length is not known up front.
-  const std::size_t known = options.round_robin || options.fed ? want : batches_.size();
-  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min(want, known)));
+  inflight_target_ = inflight_target(std::numeric_limits<std::size_t>::max());  // no ring yet: it is sized from this
   active_.assign(logical_, true);
   outstanding_.assign(logical_, 0);
   // Checked against the workers asked for; with fewer processes (kShrink) and
@@ -211,11 +207,16 @@ void Loader::reset(BatchPlan batches) {
   delivered_ = 0;
   feed_ended_ = false;
   samples_seen_ = samples_skipped_ = 0;
-  const std::size_t room = ring_->ring.geometry().num_slots - 2;
-  const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
-  const std::size_t known = options_.fed ? want : batches_.size();
-  inflight_target_ = static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, known, room})));
+  inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2);
   post_more();
+}
+
+uint32_t Loader::inflight_target(std::size_t room) const noexcept {
+  // num_workers * prefetch_factor batches in flight (the plan's workers: after a shrink, fewer), no more
+  // than the epoch has (streams and fed plans: not known up front) or the ring has room for, at least one.
+  const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
+  const std::size_t known = options_.round_robin || options_.fed ? want : batches_.size();
+  return static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, known, room})));
 }
 
 void Loader::feed(BatchPlan more) {

@@ -4,8 +4,8 @@
 
 #include <spindle/detail/arena.hpp>
 #include <spindle/detail/batch_ring.hpp>
-#include <spindle/detail/budget_ledger.hpp>
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/budget_ledger.hpp>
+#include <spindle/shm_segment.hpp>
 
 #include <sys/types.h>
 #include <unistd.h>
@@ -18,7 +18,7 @@ namespace spindle {
 struct RingStorage {
   RingStorage(std::size_t bytes, std::size_t reserve, const std::string& what)
       : segment(bytes, what, reserve), owner(getpid()) {}
-  detail::ShmSegment segment;
+  ShmSegment segment;
   detail::BatchRing ring;
   // The consumer process. A forked copy of the loader's objects (in a worker
   // of another loader, or a user's fork) must not act on the ring: freeing a
@@ -34,7 +34,7 @@ struct LoaderLeases {
   // This loader's share of the node's budget: pending until the workers are
   // started, then only the arena threads; given back by close(), once the
   // workers are reaped.
-  detail::LedgerLease ledger;
+  LedgerLease ledger;
 };
 
 }  // namespace spindle

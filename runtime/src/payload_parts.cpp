@@ -6,7 +6,7 @@
 
 #include <spindle/error.hpp>
 #include <spindle/detail/batch_ring.hpp>
-#include <spindle/detail/ring_copy.hpp>
+#include <spindle/ring_copy.hpp>
 #include <spindle/slot_layout.hpp>
 
 namespace spindle {
@@ -29,10 +29,10 @@ std::span<std::byte> PartsWriter::gather(std::span<const std::span<const std::by
   std::span<std::byte> room = allocate(total);
   std::byte* at = room.data();
   for (const auto& piece : pieces) {
-    detail::copy_into_ring(at, piece.data(), piece.size());
+    copy_into_ring(at, piece.data(), piece.size());
     at += piece.size();
   }
-  detail::ring_copy_fence();
+  ring_copy_fence();
   return room;
 }
 

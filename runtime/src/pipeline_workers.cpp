@@ -4,6 +4,7 @@
 // members become (image, label, kept byte fields) is take_members below.
 #include <spindle/pipeline.hpp>
 
+#include <spindle/detail/batch_ring.hpp>
 #include <spindle/error.hpp>
 #include <spindle/launcher.hpp>
 #include <spindle/loader.hpp>

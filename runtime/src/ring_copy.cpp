@@ -1,4 +1,4 @@
-#include <spindle/detail/ring_copy.hpp>
+#include <spindle/ring_copy.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -8,7 +8,7 @@
 #define SPINDLE_STREAMING_STORES 1
 #endif
 
-namespace spindle::detail {
+namespace spindle {
 namespace {
 constexpr std::size_t kStreamThreshold = 4096;  // below this, memcpy is as fast
 }  // namespace
@@ -46,4 +46,4 @@ void ring_copy_fence() noexcept {
 #endif
 }
 
-}  // namespace spindle::detail
+}  // namespace spindle

@@ -1,4 +1,4 @@
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/shm_segment.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 
 namespace bip = boost::interprocess;
 
-namespace spindle::detail {
+namespace spindle {
 namespace {
 
 std::atomic<unsigned> g_counter{0};
@@ -153,4 +153,4 @@ SegmentView::~SegmentView() {
   if (fd_ >= 0) close(fd_);
 }
 
-}  // namespace spindle::detail
+}  // namespace spindle

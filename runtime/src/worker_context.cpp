@@ -15,9 +15,10 @@
 #include <stdexcept>
 #include <string>
 
+#include <spindle/detail/batch_ring.hpp>
 #include <spindle/error.hpp>
-#include <spindle/detail/ring_copy.hpp>
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/ring_copy.hpp>
+#include <spindle/shm_segment.hpp>
 
 namespace spindle {
 using detail::SlotState;
@@ -26,9 +27,6 @@ using detail::WorkerRecord;
 using detail::RingHeader;
 using detail::BatchRing;
 using detail::IndexQueue;
-using detail::copy_into_ring;
-using detail::ring_copy_fence;
-using detail::ShmSegment;
 using detail::kSlotExhausted;
 using detail::kSlotNewStream;
 namespace {
@@ -47,22 +45,44 @@ std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) 
 
 }  // namespace
 
-WorkerContext::WorkerContext(BatchRing ring, int worker_id, pid_t parent, int segment_fd)
-    : ring_(ring), worker_id_(worker_id), parent_(parent), segment_fd_(segment_fd) {
+BatchRing WorkerContext::ring() const noexcept { return BatchRing(segment_); }
+
+WorkerContext::WorkerContext(const BatchRing& view, int worker_id, pid_t parent, int segment_fd)
+    : segment_(reinterpret_cast<std::byte*>(&view.header())), worker_id_(worker_id), parent_(parent),
+      segment_fd_(segment_fd) {
   // A forked child inherits the mapping but not its page-table entries: map
   // what is reserved up front (one call per region) instead of faulting on
   // every page of every slot it writes. Best effort: older kernels lack the
   // flag. Never the whole window: that would back it all with memory.
-  auto* base = reinterpret_cast<std::byte*>(&ring_.header());
-  madvise(base, ring_.fixed_bytes(), kMadvPopulateWrite);
-  for (uint32_t s = 0; s < ring_.geometry().num_slots; ++s)
-    madvise(ring_.payload(s), ring_.slot(s).reserved, kMadvPopulateWrite);
+  auto* base = reinterpret_cast<std::byte*>(&ring().header());
+  madvise(base, ring().fixed_bytes(), kMadvPopulateWrite);
+  for (uint32_t s = 0; s < ring().geometry().num_slots; ++s)
+    madvise(ring().payload(s), ring().slot(s).reserved, kMadvPopulateWrite);
+}
+
+int WorkerContext::num_workers() const noexcept { return static_cast<int>(ring().geometry().num_workers); }
+
+int WorkerContext::logical_workers() const noexcept {
+  const detail::RingGeometry& g = ring().geometry();
+  return static_cast<int>(g.logical_workers > g.num_workers ? g.logical_workers : g.num_workers);
+}
+
+uint32_t WorkerContext::batch_capacity() const noexcept { return ring().geometry().batch_capacity; }
+
+void WorkerContext::set_sample(int64_t index) noexcept {
+  ring().worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
+}
+
+std::atomic<int64_t>& WorkerContext::sample_record() noexcept { return ring().worker(worker_id_).sample_index; }
+
+int64_t WorkerContext::current_sample() const noexcept {
+  return ring().worker(worker_id_).sample_index.load(std::memory_order_relaxed);
 }
 
 std::span<std::byte> WorkerContext::reserve(WorkItem& item, uint64_t bytes) {
-  SlotHeader& h = ring_.slot(item.slot);
+  SlotHeader& h = ring().slot(item.slot);
   if (bytes > h.reserved) {
-    const uint64_t window = ring_.header().slot_stride;
+    const uint64_t window = ring().header().slot_stride;
     if (bytes > window)
       SPINDLE_THROW(std::length_error,
                     "spindle: batch " + std::to_string(item.batch_id) + " needs " + mib(bytes) +
@@ -73,13 +93,13 @@ std::span<std::byte> WorkerContext::reserve(WorkItem& item, uint64_t bytes) {
                                            mib(bytes) + " but this worker's slots cannot grow past " +
                                            mib(h.reserved) + "; raise LoaderOptions::slot_bytes");
     const uint64_t want = std::min(window, (bytes + kGrowStep - 1) / kGrowStep * kGrowStep);
-    auto* base = reinterpret_cast<std::byte*>(&ring_.header());
-    ShmSegment::reserve(segment_fd_, base, static_cast<std::size_t>(ring_.payload(item.slot) - base),
+    auto* base = reinterpret_cast<std::byte*>(&ring().header());
+    ShmSegment::reserve(segment_fd_, base, static_cast<std::size_t>(ring().payload(item.slot) - base),
                         static_cast<std::size_t>(want),
                         "batch " + std::to_string(item.batch_id) + " (" + mib(bytes) + ")");
     h.reserved = want;
   }
-  item.out = ring_.payload_span(item.slot);
+  item.out = ring().payload_span(item.slot);
   return item.out;
 }
 
@@ -90,7 +110,7 @@ std::span<std::byte> WorkerContext::begin_arrays(WorkItem& item, const SlotLayou
                                              " samples but batch " + std::to_string(item.batch_id) + " has " +
                                              std::to_string(item.indices.size()));
   std::span<std::byte> out = reserve(item, layout.bytes());
-  write_arrays_descriptor(ring_.descriptor(item.slot), layout, structure);
+  write_arrays_descriptor(ring().descriptor(item.slot), layout, structure);
   return out;
 }
 
@@ -127,7 +147,7 @@ void WorkerContext::put_row(const SlotLayout& layout, std::span<std::byte> out, 
 void WorkerContext::put_bytes(WorkItem& item, std::span<const std::byte> bytes) {
   std::span<std::byte> out = reserve(item, bytes.size());
   copy_into_ring(out.data(), bytes.data(), bytes.size());
-  write_bytes_descriptor(ring_.descriptor(item.slot), bytes.size());
+  write_bytes_descriptor(ring().descriptor(item.slot), bytes.size());
 }
 
 int64_t monotonic_ns() noexcept {
@@ -138,27 +158,27 @@ int64_t monotonic_ns() noexcept {
 
 void WorkerContext::add_bytes_fetched(uint64_t bytes) noexcept {
   if (bytes == 0) return;
-  std::atomic<uint64_t>& c = ring_.worker(worker_id_).bytes_fetched;
+  std::atomic<uint64_t>& c = ring().worker(worker_id_).bytes_fetched;
   c.store(c.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
 }
 
 std::optional<WorkItem> WorkerContext::claim() {
-  IndexQueue& q = ring_.queue_of(static_cast<uint32_t>(worker_id_));
-  WorkerRecord& rec = ring_.worker(worker_id_);
+  IndexQueue& q = ring().queue_of(static_cast<uint32_t>(worker_id_));
+  WorkerRecord& rec = ring().worker(worker_id_);
   for (;;) {
     if (q.is_closed()) return std::nullopt;
     if (auto s = q.try_claim()) {
-      SlotHeader& h = ring_.slot(*s);
+      SlotHeader& h = ring().slot(*s);
       h.worker = worker_id_;
       rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
       rec.sample_index.store(-1, std::memory_order_relaxed);
-      if (ring_.header().stats) rec.busy_since_ns.store(monotonic_ns(), std::memory_order_relaxed);
+      if (ring().header().stats) rec.busy_since_ns.store(monotonic_ns(), std::memory_order_relaxed);
       rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
-      ring_.set_state(*s, SlotState::kFilling);
-      WorkItem item{*s, h.batch_id, {ring_.indices(*s), h.count}, ring_.payload_span(*s), false, {}, h.stream};
+      ring().set_state(*s, SlotState::kFilling);
+      WorkItem item{*s, h.batch_id, {ring().indices(*s), h.count}, ring().payload_span(*s), false, {}, h.stream};
       if (h.flags & kSlotNewStream) {
         item.new_stream = true;
-        item.message = {ring_.payload(*s), std::min<std::size_t>(h.message_bytes, item.out.size())};
+        item.message = {ring().payload(*s), std::min<std::size_t>(h.message_bytes, item.out.size())};
       }
       return item;
     }
@@ -169,16 +189,16 @@ std::optional<WorkItem> WorkerContext::claim() {
 
 void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
   ring_copy_fence();  // streaming stores (copy_into_ring) land before the slot is published
-  WorkerRecord& rec = ring_.worker(worker_id_);
-  if (ring_.header().stats) {  // one writer (this worker): plain load + store
+  WorkerRecord& rec = ring().worker(worker_id_);
+  if (ring().header().stats) {  // one writer (this worker): plain load + store
     const int64_t since = rec.busy_since_ns.load(std::memory_order_relaxed);
     if (since > 0) rec.busy_ns.store(rec.busy_ns.load(std::memory_order_relaxed) + static_cast<uint64_t>(monotonic_ns() - since),
                                      std::memory_order_relaxed);
     if (st == SlotState::kReady)
-      rec.samples.store(rec.samples.load(std::memory_order_relaxed) + ring_.slot(item.slot).count, std::memory_order_relaxed);
+      rec.samples.store(rec.samples.load(std::memory_order_relaxed) + ring().slot(item.slot).count, std::memory_order_relaxed);
     rec.busy_since_ns.store(0, std::memory_order_relaxed);
   }
-  ring_.publish(item.slot, st);
+  ring().publish(item.slot, st);
   rec.slot.store(-1, std::memory_order_relaxed);
   rec.batch_id.store(-1, std::memory_order_relaxed);
   rec.sample_index.store(-1, std::memory_order_relaxed);
@@ -187,13 +207,13 @@ void WorkerContext::finish(const WorkItem& item, SlotState st) noexcept {
 void WorkerContext::commit(const WorkItem& item) noexcept { finish(item, SlotState::kReady); }
 
 void WorkerContext::commit(const WorkItem& item, uint32_t count) noexcept {
-  SlotHeader& h = ring_.slot(item.slot);
+  SlotHeader& h = ring().slot(item.slot);
   if (count < h.count) h.count = count;
   finish(item, SlotState::kReady);
 }
 
 void WorkerContext::exhausted(const WorkItem& item) noexcept {
-  SlotHeader& h = ring_.slot(item.slot);
+  SlotHeader& h = ring().slot(item.slot);
   h.count = 0;
   h.flags = kSlotExhausted;
   finish(item, SlotState::kReady);
@@ -205,8 +225,8 @@ void WorkerContext::fail(const WorkItem& item, std::string_view report, FailureK
   // two capped names); the report gets what the path and key leave.
   path = path.substr(0, kMaxFailurePathBytes);
   key = key.substr(0, kMaxFailurePathBytes);
-  const std::size_t n = std::min(report.size(), ring_.report_capacity() - path.size() - key.size());
-  std::byte* out = ring_.payload(item.slot);
+  const std::size_t n = std::min(report.size(), ring().report_capacity() - path.size() - key.size());
+  std::byte* out = ring().payload(item.slot);
   // An empty view may hold a null pointer, which memcpy must not be given.
   auto put = [&out](std::string_view part, std::size_t bytes) {
     if (bytes) std::memcpy(out, part.data(), bytes);
@@ -215,8 +235,8 @@ void WorkerContext::fail(const WorkItem& item, std::string_view report, FailureK
   put(report, n);
   put(path, path.size());
   put(key, key.size());
-  write_raw_descriptor(ring_.descriptor(item.slot));
-  SlotHeader& h = ring_.slot(item.slot);
+  write_raw_descriptor(ring().descriptor(item.slot));
+  SlotHeader& h = ring().slot(item.slot);
   h.error_bytes = static_cast<uint32_t>(n);
   h.failure = static_cast<uint32_t>(kind);
   h.failure_path_bytes = static_cast<uint32_t>(path.size());

@@ -4,7 +4,7 @@
 // workers are their loader's share, a running call survives a resize, and
 // reading the size does not race with leasing.
 #include <spindle/detail/arena.hpp>
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/loader.hpp>
 #include <spindle/thread_budget.hpp>
 
@@ -24,7 +24,6 @@
 namespace spindle {
 using detail::ArenaLease;
 using detail::Arena;
-using detail::BudgetLedger;
 namespace {
 
 using namespace std::chrono_literals;

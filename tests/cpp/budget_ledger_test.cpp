@@ -2,7 +2,7 @@
 // uid), reclaiming dead processes' leases, rebuilding a corrupt table,
 // ignoring a table that is not ours, the short-budget policies, and racing
 // starts that must not oversubscribe.
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 #include <spindle/error.hpp>
 
 #include <fcntl.h>
@@ -24,10 +24,6 @@
 #include <gtest/gtest.h>
 
 namespace spindle {
-using detail::LedgerLease;
-using detail::LedgerGrant;
-using detail::BudgetLedger;
-using detail::process_start_time;
 namespace {
 
 using namespace std::chrono_literals;

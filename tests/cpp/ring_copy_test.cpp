@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include <spindle/detail/ring_copy.hpp>
+#include <spindle/ring_copy.hpp>
 
 namespace {
 
@@ -18,8 +18,8 @@ TEST(RingCopy, EqualsMemcpyForAllSizesAndAlignments) {
   for (std::size_t n : {0u, 1u, 63u, 64u, 4095u, 4096u, 4097u, 12288u, 12345u, 19000u}) {
     for (std::size_t shift = 0; shift < 17; ++shift) {
       std::vector<unsigned char> dst(n + 64, 0xAB);
-      spindle::detail::copy_into_ring(dst.data() + shift, src.data() + 3, n);
-      spindle::detail::ring_copy_fence();
+      spindle::copy_into_ring(dst.data() + shift, src.data() + 3, n);
+      spindle::ring_copy_fence();
       ASSERT_EQ(std::memcmp(dst.data() + shift, src.data() + 3, n), 0) << "n=" << n << " shift=" << shift;
       for (std::size_t i = 0; i < shift; ++i) ASSERT_EQ(dst[i], 0xAB);
       for (std::size_t i = shift + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xAB);

@@ -2,7 +2,7 @@
 // removes names left by dead processes only, and a clear error when /dev/shm
 // is too small.
 #include <spindle/error.hpp>
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/shm_segment.hpp>
 
 #include <fcntl.h>
 #include <sched.h>
@@ -22,7 +22,6 @@
 #include "test_support.hpp"
 
 namespace spindle {
-using detail::ShmSegment;
 namespace {
 
 using spindle::testing::spindle_shm_names;

@@ -5,7 +5,7 @@
 // (testing::run_in_pid_namespace), where the test is the only process that
 // allocates pids, so a reaped worker's pid can be given to a sleeper on purpose.
 #include <spindle/detail/batch_ring.hpp>
-#include <spindle/detail/shm_segment.hpp>
+#include <spindle/shm_segment.hpp>
 #include <spindle/worker_context.hpp>
 #include <spindle/detail/worker_pool.hpp>
 #include <spindle/zygote.hpp>
@@ -30,13 +30,7 @@
 #include "test_support.hpp"
 
 namespace spindle {
-using detail::RingGeometry;
-using detail::BatchRing;
-using detail::ShmSegment;
-using detail::forked_workers;
-using detail::spawned_workers;
-using detail::zygote_workers;
-using detail::WorkerPool;
+using namespace detail;  // the pool and the ring are what this test is about
 namespace {
 
 using namespace std::chrono_literals;

@@ -22,8 +22,12 @@ run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix}
 if(NOT EXISTS ${prefix}/include/spindle/loader.hpp)
   message(FATAL_ERROR "cmake --install put no spindle/loader.hpp under ${prefix}/include")
 endif()
+# detail/ is not API: none is installed, so a public header that included one would not compile
+# alone below (each_header_alone).
 file(GLOB_RECURSE installed_detail RELATIVE ${prefix}/include ${prefix}/include/spindle/detail/*)
-message(STATUS "internal headers installed: ${installed_detail}")
+if(installed_detail)
+  message(FATAL_ERROR "cmake --install put internal headers under ${prefix}/include: ${installed_detail}")
+endif()
 
 file(GLOB examples ${SOURCE_DIR}/runtime/examples/*.cpp ${SOURCE_DIR}/runtime/examples/*.hpp)
 

@@ -176,7 +176,7 @@ print("epoch 3", sum(len(b) for b in loader), flush=True)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root to switch to an unprivileged uid")
 def test_another_process_exhausting_ulimit_u_between_epochs_gives_a_clear_error():
-    """As uid 65534: a second process takes every task left under ulimit -u; the next epoch raises
+    """As an unprivileged uid: a second process takes every task left under ulimit -u; the next epoch raises
     ThreadBudgetError naming the limit (no abort, no hang), and loading works again once it is gone."""
     from unprivileged import run_limited
     done = run_limited(HOG_THEN_EPOCH, headroom=12, timeout=120)

@@ -120,3 +120,20 @@ def test_the_check_names_the_importer_and_the_name_of_each_bad_import():
         "spindle.pipeline: imports spindle.torch._draw (the front end spindle.pipeline imports the front end "
         "spindle.torch)",
     ], broken
+
+
+def test_each_layer_index_lists_its_modules():
+    """Proves: the docstring of each layer's __init__.py (spindle._runtime, _budget, _state) names every
+    module of that layer as ``name``, and no module that is not there: the index a newcomer reads first is
+    the layer's whole table of contents."""
+    import re
+
+    found = sources()
+    for layer in LAYERS:
+        modules = {m.rpartition(".")[2] for m in found if m.rpartition(".")[0] == layer}
+        doc = ast.get_docstring(ast.parse(found[layer])) or ""
+        listed = set(re.findall(r"^- ``(\w+)``", doc, flags=re.M))
+        listed |= {name for line in re.findall(r"^- (``\w+``(?: / ``\w+``)+)", doc, flags=re.M)
+                   for name in re.findall(r"``(\w+)``", line)}
+        assert modules - listed == set(), f"{layer}/__init__.py does not list {sorted(modules - listed)}"
+        assert listed - modules == set(), f"{layer}/__init__.py lists modules it lacks: {sorted(listed - modules)}"

@@ -100,6 +100,23 @@ def test_limit_threads_keeps_a_smaller_variable_and_caps_grain():
     assert r["explicit"] == 8
 
 
+def test_the_report_is_the_runtime_tables():
+    """Proves: limit_threads reports every runtime the runtime table marks for it, in the table's order
+    (FlexiBLAS, with no variable of its own, only once loaded), and a runtime that sizes its pool at
+    import (polars) is reported as already running once it is imported: no list of names beside the table."""
+    r = run_fresh("""
+    import spindle
+    from spindle._budget import runtimes
+    before = [x.runtime for x in spindle.limit_threads(2).runtimes]
+    import polars
+    after = {x.runtime: x.state for x in spindle.limit_threads(2).runtimes}
+    print(json.dumps({'before': before, 'polars': after['polars'],
+                      'table': [x.name for x in runtimes.RUNTIMES if x.limit and x.name != 'FlexiBLAS']}))
+    """)
+    assert r["before"] == r["table"]
+    assert r["polars"] == "already running"
+
+
 def test_limit_threads_refuses_a_bad_count():
     """Proves: n must be a positive integer, and the error says which value was given."""
     import spindle

@@ -1,7 +1,7 @@
 """Logical workers: a thread budget changes how many processes run, never the data.
 
 Each program below runs twice: here (root, no budget: every worker asked is a process) and as
-uid 65534 under a ``ulimit -u`` that fits only a few processes. Both runs must give the same
+a throwaway unprivileged uid under a ``ulimit -u`` that fits only a few processes. Both runs must give the same
 elements in the same order; the limited one must say "N logical workers on P processes".
 """
 
@@ -143,7 +143,7 @@ def processes_in(notes: list[str], asked: int) -> int:
 
 
 def test_grain_worker_count_16_gives_the_same_elements_on_a_few_processes():
-    """spindle.grain.DataLoader(worker_count=16) with a RandomMapTransform, as uid 65534 whose ulimit -u fits
+    """spindle.grain.DataLoader(worker_count=16) with a RandomMapTransform, as an unprivileged uid whose ulimit -u fits
     only a few workers, completes with exactly the elements, in exactly the order, of 16 processes; the warning
     says "16 logical workers on P processes"."""
     pytest.importorskip("grain")

@@ -96,7 +96,7 @@ print(json.dumps({"workers": it.plan.num_workers, "arena": it.plan.arena_threads
 
 
 def run_racers(headroom, extra_env=None):
-    """Runs 4 racers (as uid 65534) released together; returns their results."""
+    """Runs 4 racers (as a throwaway unprivileged uid) released together; returns their results."""
     from unprivileged import run_limited
     launcher = f"RACER = {RACER!r}\n" + RACERS
     if extra_env:

@@ -162,7 +162,7 @@ _STAGED = ("spindle", "numpy", "tokenizers", "cv2", "pyarrow", "polars", "_polar
                     reason="needs root to switch to an unprivileged uid")
 def test_sixteen_capped_workers_finish_the_zoo_under_little_headroom(reference):
     """Proves: 16 workers running tokenizers, OpenCV, a threaded parquet read and polars complete an epoch, every
-    sample once, as uid 65534 with ulimit -u headroom for 16 capped workers and little more."""
+    sample once, as an unprivileged uid with ulimit -u headroom for 16 capped workers and little more."""
     headroom = 16 * reference["threads"] + 8
     done = run_limited(LIMITED, headroom=headroom, timeout=240, packages=_STAGED)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -66,3 +66,19 @@ def test_front_signatures_read_their_defaults_from_the_core():
     assert sp.Pipeline(("npy", "x")).errors == ("raise", pipe.max_skip_ratio)
     assert (default(sp.webdataset, "retries"), default(sp.webdataset, "timeout"),
             default(sp.webdataset, "cache_limit_bytes")) == (shard.retries, shard.timeout, shard.cache_limit_bytes)
+
+
+def test_the_core_resolves_the_budget_policy(monkeypatch):
+    """Proves: the policy's names, its variable and its default are the core's (one owner): resolve_budget_policy
+    takes a given name, else $SPINDLE_BUDGET_POLICY, else "shrink", and a bad name's error says where it came from."""
+    assert _core.BUDGET_POLICIES == ("shrink", "wait", "fail")
+    monkeypatch.delenv("SPINDLE_BUDGET_POLICY", raising=False)
+    assert _core.resolve_budget_policy() == "shrink"
+    assert _core.resolve_budget_policy("fail") == "fail"
+    monkeypatch.setenv("SPINDLE_BUDGET_POLICY", "wait")
+    assert _core.resolve_budget_policy() == "wait" and _core.resolve_budget_policy("shrink") == "shrink"
+    with pytest.raises(ValueError, match="budget_policy should be one of 'shrink', 'wait', 'fail', but got 'never'"):
+        _core.resolve_budget_policy("never")
+    monkeypatch.setenv("SPINDLE_BUDGET_POLICY", "bogus")
+    with pytest.raises(ValueError, match=r"\$SPINDLE_BUDGET_POLICY should be one of .* but got 'bogus'"):
+        _core.resolve_budget_policy()

@@ -44,7 +44,7 @@ print(json.dumps(report))
 
 
 def test_sixteen_workers_finish_an_epoch_with_24_tasks_of_headroom():
-    """16 workers complete a shuffled epoch as uid 65534 under ulimit -u = its tasks + 24,
+    """16 workers complete a shuffled epoch as an unprivileged uid under ulimit -u = its tasks + 24,
     and the tree never holds more than the consumer's threads + 16 + the arena."""
     done = run_limited(EPOCH_UNDER_LIMIT, headroom=24)
     assert done.returncode == 0, done.stderr

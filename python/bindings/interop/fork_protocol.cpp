@@ -9,12 +9,11 @@
 
 #include <pybind11/pybind11.h>
 
-#include <spindle/detail/budget_ledger.hpp>
+#include <spindle/budget_ledger.hpp>
 
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::BudgetLedger;
 namespace {
 
 // A failed flush (a closed or broken stream) is the parent's to meet at its

@@ -6,16 +6,13 @@
 #include <string>
 #include <vector>
 
-#include <spindle/detail/batch_ring.hpp>
-#include <spindle/detail/ring_copy.hpp>
+#include <spindle/ring_copy.hpp>
 
 #include "routed_dataset.hpp"
 
 namespace py = pybind11;
 
 namespace spindle::python {
-using spindle::detail::copy_into_ring;
-using spindle::detail::ring_copy_fence;
 namespace {
 
 // A batch written sample by sample as a worker reads it (read_rows,
@@ -34,8 +31,7 @@ class RowsAsRead {
     copied_ = py::object();
     if (rest_.empty() && rows_ != nullptr && rows_->gather_one(sample.ptr(), one_)) {
       if (i == 0) {
-        const int64_t reading =
-            ctx_.ring().worker(static_cast<uint32_t>(ctx_.worker_id())).sample_index.load(std::memory_order_relaxed);
+        const int64_t reading = ctx_.current_sample();
         ctx_.set_sample(-1);  // an error laying out the slot is the batch's, not a sample's
         {
           py::gil_scoped_release release;  // may reserve memory (fallocate)

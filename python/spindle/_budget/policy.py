@@ -1,25 +1,16 @@
-"""The short-budget policy of the Python front ends (see docs/architecture.md, "The node budget ledger")."""
+"""The short-budget policy's warning (see docs/architecture.md, "The node budget ledger").
+
+The policy itself (its names, ``$SPINDLE_BUDGET_POLICY``, the default and the error for a bad name)
+is the core's: a front end resolves it with ``_core.resolve_budget_policy`` (``_core.BUDGET_POLICIES``
+lists the names).
+"""
 
 from __future__ import annotations
 
-import os
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import ThreadBudgetWarning
-
-POLICIES = ("shrink", "wait", "fail")
-ENV = "SPINDLE_BUDGET_POLICY"
-
-
-def resolve_policy(value: Optional[str]) -> str:
-    """`value`, else $SPINDLE_BUDGET_POLICY, else "shrink"; raises ValueError for anything else."""
-    source = "budget_policy"
-    if value is None:
-        value, source = os.environ.get(ENV) or "shrink", ENV
-    if value not in POLICIES:
-        raise ValueError(f"{source} should be one of {', '.join(map(repr, POLICIES))}, but got {value!r}")
-    return value
 
 
 def warn_if_shrunk(runtime: Any, stacklevel: int) -> None:

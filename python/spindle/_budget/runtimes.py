@@ -48,6 +48,15 @@ class Runtime:
     would not (OpenCV)."""
     at_import: bool = False
     """The cap call also runs when `module` is imported later (no variable does it: onnxruntime)."""
+    sized_at_import: bool = False
+    """It sizes its pool when it is imported and has no call to change it (polars): loaded, it is
+    already running at its size, threads seen or not."""
+    threadpoolctl: str | None = None
+    """threadpoolctl's name for it (``internal_api``): a native pool threadpoolctl sets once loaded."""
+    limit: str = ""
+    """How ``spindle.limit_threads`` reports it: "threadpoolctl" (its variables, or threadpoolctl once
+    loaded), "table" (its variables and cap call, from this row), "own" (a function of
+    ``spindle.limits`` for this runtime), or "" (not reported)."""
     advice: str = ""
     """What removes or shrinks its pools, the variable first."""
 
@@ -138,17 +147,21 @@ _ONNX_ADVICE = ("onnxruntime.SessionOptions(): intra_op_num_threads = n and inte
                 "InferenceSession (no variable sets them), or spindle.limit_threads(n) before the sessions are made")
 
 RUNTIMES: tuple[Runtime, ...] = (
-    Runtime("OpenBLAS", ("OPENBLAS_NUM_THREADS",), libraries=r"(?i)openblas",
+    Runtime("OpenBLAS", ("OPENBLAS_NUM_THREADS",), libraries=r"(?i)openblas", threadpoolctl="openblas",
+            limit="threadpoolctl",
             advice="set OPENBLAS_NUM_THREADS=n before numpy is imported (its pool starts at import and never "
                    "shrinks), or call spindle.limit_threads(n) before importing numpy"),
     Runtime("OpenMP", ("OMP_NUM_THREADS",), libraries=r"^(libgomp|libiomp5|libomp)[.-]",
-            thread_names=r"^(omp_|gomp)",
+            thread_names=r"^(omp_|gomp)", threadpoolctl="openmp", limit="threadpoolctl",
             advice="set OMP_NUM_THREADS=n before the library loads (torch: torch.set_num_threads(n) at any "
                    "time), or spindle.limit_threads(n)"),
-    Runtime("MKL", ("MKL_NUM_THREADS",), libraries=r"^libmkl_",
+    Runtime("MKL", ("MKL_NUM_THREADS",), libraries=r"^libmkl_", threadpoolctl="mkl", limit="threadpoolctl",
             advice="set MKL_NUM_THREADS=n before MKL loads, or spindle.limit_threads(n)"),
-    Runtime("BLIS", ("BLIS_NUM_THREADS",), libraries=r"^libblis",
+    Runtime("BLIS", ("BLIS_NUM_THREADS",), libraries=r"^libblis", threadpoolctl="blis", limit="threadpoolctl",
             advice="set BLIS_NUM_THREADS=n before BLIS loads, or spindle.limit_threads(n)"),
+    # No variable of its own is set: reported only once loaded (threadpoolctl sets its backend's count).
+    Runtime("FlexiBLAS", threadpoolctl="flexiblas", limit="threadpoolctl",
+            advice="spindle.limit_threads(n), or threadpoolctl.threadpool_limits(n)"),
     Runtime("Accelerate", ("VECLIB_MAXIMUM_THREADS",),
             advice="set VECLIB_MAXIMUM_THREADS=n before numpy is imported (macOS), or spindle.limit_threads(n)"),
     Runtime("numexpr", ("NUMEXPR_NUM_THREADS", "NUMEXPR_MAX_THREADS"), libraries=r"^interpreter\.cpython",
@@ -159,49 +172,50 @@ RUNTIMES: tuple[Runtime, ...] = (
     Runtime("JAX/XLA", ("PJRT_NPROC",),
             (("JAX_PLATFORMS", "cpu"),  # workers never touch an accelerator
              ("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")),
-            libraries=r"(?i)^(libjax_common|_jax|_xla|xla_extension)[.-]|pjrt",
+            libraries=r"(?i)^(libjax_common|_jax|_xla|xla_extension)[.-]|pjrt", limit="own",
             advice="set PJRT_NPROC=n before JAX's first computation (sizes its XLAPjRtCpuClient and XLAEigen "
                    "pools to n each; about 10 other XLA threads have no knob in jaxlib 0.10), or "
                    "spindle.limit_threads(n) before the first computation"),
     Runtime("TensorFlow", ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
-            libraries=r"(?i)tensorflow|^_pywrap_tf", thread_names=r"^tf_",
+            libraries=r"(?i)tensorflow|^_pywrap_tf", thread_names=r"^tf_", limit="own",
             advice="set TF_NUM_INTEROP_THREADS=n and TF_NUM_INTRAOP_THREADS=n before TensorFlow starts, or "
                    "tf.config.threading.set_inter_op_parallelism_threads(n) / set_intra_op_parallelism_threads(n) "
                    "before the first op; tf.data: options.threading.private_threadpool_size; or "
                    "spindle.limit_threads(n)"),
     Runtime("torch", libraries=r"^(libtorch|libc10|libshm|_C\.cpython)", thread_names=r"^pt_", module="torch",
-            cap=_cap_torch,
+            cap=_cap_torch, limit="own",
             advice="torch.set_num_threads(n), and torch.set_num_interop_threads(n) before the first inter-op "
                    "use; pt_autograd_* threads are one per device type used by backward"),
     Runtime("tokenizers", ("RAYON_NUM_THREADS",), (("TOKENIZERS_PARALLELISM", "false"),),
-            libraries=r"^tokenizers\.", module="tokenizers",
+            libraries=r"^tokenizers\.", module="tokenizers", limit="table",
             advice="set TOKENIZERS_PARALLELISM=false (read at every batch call), or RAYON_NUM_THREADS=n before "
                    "its first batch call (sizes its rayon pool), or spindle.limit_threads(n)"),
     Runtime("OpenCV", ("OPENCV_FOR_THREADS_NUM",), libraries=r"^(cv2\.|libopencv_)", module="cv2",
-            cap=_cap_opencv, in_workers=False,
+            cap=_cap_opencv, in_workers=False, limit="table",
             advice="cv2.setNumThreads(n) (any time), or OPENCV_FOR_THREADS_NUM=n before its first parallel call, "
                    "or spindle.limit_threads(n)"),
-    Runtime("Arrow", ("ARROW_IO_THREADS",), libraries=r"^libarrow", module="pyarrow", cap=_cap_pyarrow,
+    Runtime("Arrow", ("ARROW_IO_THREADS",), libraries=r"^libarrow", module="pyarrow", cap=_cap_pyarrow, limit="table",
             advice="pyarrow.set_cpu_count(n) and pyarrow.set_io_thread_count(n) (any time; the CPU pool also "
                    "reads OMP_NUM_THREADS, the IO pool ARROW_IO_THREADS, at its start), or "
                    "spindle.limit_threads(n)"),
     # polars's own jemalloc runs background threads; without them it purges inline.
     Runtime("polars", ("POLARS_MAX_THREADS",), (("_RJEM_MALLOC_CONF", "background_thread:false"),),
-            libraries=r"^(_polars_runtime|polars)\.", thread_names=r"^(polars-|tokio-rt)",
+            libraries=r"^(_polars_runtime|polars)\.", thread_names=r"^(polars-|tokio-rt)", module="polars",
+            sized_at_import=True, limit="table",
             advice="set POLARS_MAX_THREADS=n before polars is imported (it sizes its pool at import and has no "
                    "call to change it), or spindle.limit_threads(n) before importing polars; a forked child of "
                    "a process that ran a polars query deadlocks in its next one: use "
                    "multiprocessing_context='spawn' there"),
     Runtime("numba", ("NUMBA_NUM_THREADS",), libraries=r"^(workqueue|omppool|tbbpool)\.", module="numba",
-            cap=_cap_numba,
+            cap=_cap_numba, limit="table",
             advice="set NUMBA_NUM_THREADS=n before numba is imported, or numba.set_num_threads(n) after its "
                    "first parallel call, or spindle.limit_threads(n)"),
     Runtime("onnxruntime", libraries=r"^(onnxruntime_pybind11_state|libonnxruntime)", module="onnxruntime",
-            cap=_cap_onnxruntime, at_import=True, advice=_ONNX_ADVICE),
-    Runtime("TBB", libraries=r"^libtbb",
+            cap=_cap_onnxruntime, at_import=True, limit="table", advice=_ONNX_ADVICE),
+    Runtime("TBB", libraries=r"^libtbb", limit="own",
             advice="TBB pools are capped only by tbb::global_control in the code that uses TBB; spindle's own "
                    "arena is sized by its ThreadBudget (DataLoader max_threads)"),
-    Runtime("grain", thread_names=r"^grain",
+    Runtime("grain", thread_names=r"^grain", limit="own",
             advice="grain.ReadOptions(num_threads=n), or spindle.limit_threads(n) before the ReadOptions are made"),
     Runtime("spindle", libraries=r"^_core\.cpython", thread_names=r"^spindle",
             advice="spindle's threads are budgeted: lower num_workers or max_threads"),

@@ -11,6 +11,11 @@
   apply the budget policy, fork or spawn, and warn when the budget shrank the loader.
 - ``forking`` / ``spawned``: starting workers by fork, or as new interpreters.
 - ``persistent``: the one reset-or-restart decision of persistent workers.
+- ``stats``: the loader's statistics as users read them (``it.stats()``), workers' memory included.
+- ``shared_containers``: SharedList / SharedDict, plain values stored once in shared memory (the
+  public ``spindle.shared``).
+- ``sharing``: ``share="auto"``, what the workers get of the dataset (shared containers in its
+  place), and MemoryWatch, what each worker pays for it.
 
 The layers and the rule between them:
 

@@ -2,7 +2,7 @@
 
 ``share_for_workers(dataset, share, forked)`` is the one call a front end makes where it builds the
 dataset its workers see. With ``"auto"`` the large attributes made of plain values (lists, tuples,
-dicts of str/bytes/int/float/bool/None) are replaced by :mod:`spindle.shared <.shared>` containers in
+dicts of str/bytes/int/float/bool/None) are replaced by :mod:`spindle.shared <.shared_containers>` containers in
 a shallow copy of the dataset, so workers read the same pages instead of copying them as reference
 counts change. For forked workers a list or tuple is read in place (``SharedList.inherited``: no
 segment, nothing built or held twice); a dict, and anything for spawned workers, is stored once in a
@@ -26,7 +26,7 @@ import weakref
 from typing import Any, Callable, Optional
 
 from .. import _core
-from .shared import SharedDict, SharedList, is_shared
+from .shared_containers import SharedDict, SharedList, is_shared
 
 __all__ = ["share_for_workers", "check_share", "MemoryWatch", "worker_memory", "MIN_SHARED_BYTES",
            "MIN_SHARED_ITEMS", "WORKER_GROWTH_WARN_BYTES"]

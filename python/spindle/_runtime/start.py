@@ -2,8 +2,8 @@
 (workers running a Python body, forked or spawned) or :func:`start_pipeline` (a native pipeline's
 C++ workers, forked or on arena threads).
 
-Both build the ``_core.LoaderOptions`` from the spec, resolve the short-budget policy (the spec's,
-else ``$SPINDLE_BUDGET_POLICY``, else "shrink"), start the workers, and warn once
+Both build the ``_core.LoaderOptions`` from the spec, with the short-budget policy the front end
+resolved, else the core's resolution (``$SPINDLE_BUDGET_POLICY``, else "shrink"), start the workers, and warn once
 (``ThreadBudgetWarning``) when the budget started fewer workers than asked. A front end only
 builds the spec. The spec's defaults are ``_core.LoaderOptions()``'s: the C++ core owns them.
 """
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .. import _core
-from .._budget.policy import resolve_policy, warn_if_shrunk
+from .._budget.policy import warn_if_shrunk
 from .forking import forked_worker, forking
 from .spawned import WorkerPayload, worker_argv, worker_env
 
@@ -84,12 +84,14 @@ class StartSpec:
         return self.start_method != "fork"
 
     def options(self) -> _core.LoaderOptions:
-        """The core's options for this spec, the policy resolved now."""
+        """The core's options for this spec. A policy the front end resolved (dataloader, pipeline) is
+        set as it is; None is resolved now, by the core (torch and grain: ``$SPINDLE_BUDGET_POLICY``)."""
         options = _core.LoaderOptions()
         for field in dataclasses.fields(self):
             if field.name not in ("budget_policy", "start_method", "pickle_warning"):
                 setattr(options, field.name, getattr(self, field.name))
-        options.budget_policy = resolve_policy(self.budget_policy)
+        options.budget_policy = (self.budget_policy if self.budget_policy is not None
+                                 else _core.resolve_budget_policy())
         return options
 
 

@@ -8,7 +8,6 @@ Only completed epochs give figures; a loader that failed says how.
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import Any, Optional
@@ -101,15 +100,16 @@ def node_budget() -> dict[str, Any]:
     """This node's task budget for this uid: spindle's ThreadBudget (ulimit -u, pids.max), or,
     where neither limits this uid (root), the kernel's threads-max less the tasks running now."""
     import spindle
+    from spindle import _core
 
     b = spindle.ThreadBudget()
     if b.budget is not None:
         return {"budget": int(b.budget), "source": f"spindle.ThreadBudget(): {b!r}"}
-    try:
-        threads_max = int(Path("/proc/sys/kernel/threads-max").read_text())
-        running = sum(1 for p in os.listdir("/proc") if p.isdigit() for _ in os.listdir(f"/proc/{p}/task"))
-    except (OSError, ValueError):
+    # /proc through the core's readers, as every other reader of the operating system's facts.
+    threads_max = _core.sysctl_int("kernel.threads-max")
+    if threads_max is None:
         return {"budget": None, "source": repr(b)}
+    running = sum(_core.count_process_threads(p) for p in _core.process_ids())
     return {"budget": threads_max - running,
             "source": f"no ulimit -u or pids.max limits this uid: kernel.threads-max {threads_max} less "
                       f"{running} tasks running"}

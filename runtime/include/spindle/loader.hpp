@@ -252,6 +252,9 @@ class Loader {
   // Batches remain to be posted (planned ones not yet posted, open streams; with fed_pending, also
   // a fed loader whose feed has not ended).
   bool more_to_post(bool fed_pending) const;
+  // The batches kept in flight: num_workers * prefetch_factor, within the epoch's batches and `room`
+  // (the ring's slots less the two kept for the user). The one place the target is computed.
+  uint32_t inflight_target(std::size_t room) const noexcept;
   void drain_inflight();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);

@@ -153,6 +153,10 @@ struct FieldRecord {
 
 // Bytes of the descriptor region of one slot.
 inline constexpr std::size_t kDescriptorBytes = 8192;
+
+// The least payload a slot starts with, however small its batches: room for a failed batch's
+// report (a Python traceback, say). Python: _core.MIN_SLOT_BYTES.
+inline constexpr std::size_t kMinSlotBytes = 64 * 1024;
 static_assert(sizeof(SlotDescriptor) + SlotLayout::kMaxFields * sizeof(FieldRecord) +
                   SlotLayout::kMaxStructureBytes <= kDescriptorBytes,
               "a full descriptor must fit its region");

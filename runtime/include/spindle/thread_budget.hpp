@@ -10,6 +10,7 @@
 // user. A loader needs one task per worker process; whatever is left (minus a
 // small reserve) may become threads of the one TBB arena in the consumer.
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -36,9 +37,22 @@ enum class BudgetPolicy {
   kFail,    // throw ThreadBudgetError at once
 };
 
+// The policies' names, in BudgetPolicy's order: the one list (Python: _core.BUDGET_POLICIES).
+inline constexpr std::array<const char*, 3> kBudgetPolicyNames = {"shrink", "wait", "fail"};
+// Where a policy nobody passed is read from (then "shrink"): every front end's switch.
+inline constexpr const char* kBudgetPolicyVariable = "SPINDLE_BUDGET_POLICY";
+
 // Parses "shrink" / "wait" / "fail"; throws std::invalid_argument otherwise.
 BudgetPolicy parse_budget_policy(const std::string& name);
 const char* budget_policy_name(BudgetPolicy p) noexcept;
+// The policy a loader runs with: `name` if given, else $SPINDLE_BUDGET_POLICY if set, else kShrink.
+// Throws std::invalid_argument naming where a bad name came from (budget_policy, or the variable)
+// and the names allowed. The one resolution: every front end asks here (_core.resolve_budget_policy).
+BudgetPolicy resolve_budget_policy(const std::optional<std::string>& name);
+
+// Extra threads the process's one TBB arena may run now: the sum of its live loaders' leases
+// (ThreadPlan::arena_threads, and their workers in threads mode). spindle doctor shows it.
+int arena_extra_threads() noexcept;
 
 // A quantity that may be unlimited.
 inline constexpr int64_t kUnlimited = INT64_MAX;

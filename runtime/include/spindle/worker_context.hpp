@@ -5,16 +5,24 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <span>
 #include <string_view>
 
-#include <spindle/detail/batch_ring.hpp>
 #include <spindle/error.hpp>
+#include <spindle/slot_layout.hpp>
 
 namespace spindle {
+
+// The segment's layout (the ring, its slot states) is not API: a WorkerContext
+// views it, and only the runtime's own writers reach it (ring()).
+namespace detail {
+class BatchRing;
+enum class SlotState : uint32_t;
+}  // namespace detail
 
 // One claimed work item, as a worker sees it.
 struct WorkItem {
@@ -39,24 +47,27 @@ class WorkerContext {
   // `parent`: the process whose death means this worker must exit (the
   // consumer, or the zygote that forked it). `segment_fd`: the segment, so
   // slots can grow (-1: they cannot; batches must fit what is reserved).
-  WorkerContext(detail::BatchRing ring, int worker_id, pid_t parent, int segment_fd = -1);
+  WorkerContext(const detail::BatchRing& ring, int worker_id, pid_t parent, int segment_fd = -1);
   int worker_id() const noexcept { return worker_id_; }
-  int num_workers() const noexcept { return static_cast<int>(ring_.geometry().num_workers); }
+  int num_workers() const noexcept;
   // The workers the data is defined by (LoaderOptions::logical_workers): at
   // least num_workers(); this process serves logical workers l with
   // l mod num_workers() == worker_id() (WorkItem::stream says which).
-  int logical_workers() const noexcept {
-    const detail::RingGeometry& g = ring_.geometry();
-    return static_cast<int>(g.logical_workers > g.num_workers ? g.logical_workers : g.num_workers);
-  }
+  int logical_workers() const noexcept;
+  // The most samples a batch holds (LoaderOptions::batch_capacity): a native
+  // worker sizes its SlotLayout from it.
+  uint32_t batch_capacity() const noexcept;
 
   // Blocks until an item is posted. nullopt: the loader closed, or the
   // consumer process is gone; the worker should return.
   std::optional<WorkItem> claim();
   // Records the sample being produced (shown if this worker crashes).
-  void set_sample(int64_t index) noexcept {
-    ring_.worker(worker_id_).sample_index.store(index, std::memory_order_relaxed);
-  }
+  void set_sample(int64_t index) noexcept;
+  // The sample set_sample() recorded last (-1: none).
+  int64_t current_sample() const noexcept;
+  // The crash record's word itself (in shared memory), for a front end that updates it with plain
+  // stores from its own loop (the Python worker); set_sample() stores to it.
+  std::atomic<int64_t>& sample_record() noexcept;
   // Counts bytes this worker's streamed source fetched (URL shards), for Loader::stats().
   void add_bytes_fetched(uint64_t bytes) noexcept;
   // Makes sure the item's slot has at least `bytes` of payload backed by
@@ -98,11 +109,13 @@ class WorkerContext {
   void fail(const WorkItem& item, std::string_view report, FailureKind kind = FailureKind::kOther,
             std::string_view path = {}, std::string_view key = {}) noexcept;
   static constexpr std::size_t kMaxFailurePathBytes = 4096;
-  const detail::BatchRing& ring() const noexcept { return ring_; }
+  // The ring this worker writes into: for the runtime's own writers (payload
+  // parts, pipeline workers), which include detail/batch_ring.hpp; not API.
+  detail::BatchRing ring() const noexcept;
 
  private:
   void finish(const WorkItem& item, detail::SlotState st) noexcept;
-  detail::BatchRing ring_;
+  std::byte* segment_;  // the mapped segment, which ring() views
   int worker_id_;
   pid_t parent_;
   int segment_fd_;

@@ -164,8 +164,8 @@ class BatchRing {
  public:
   static constexpr std::size_t kPayloadAlign = 4096;
   // A slot is at least this big so that a failed batch can carry its error
-  // report (a Python traceback, say) even when batches are tiny.
-  static constexpr std::size_t kMinSlotStride = 64 * 1024;
+  // report (a Python traceback, say) even when batches are tiny (slot_layout.hpp).
+  static constexpr std::size_t kMinSlotStride = kMinSlotBytes;
 
   // Bytes a segment needs for this geometry (every slot's whole window).
   static std::size_t bytes_for(const RingGeometry& g) noexcept;

@@ -10,11 +10,11 @@
 
 #include <cstddef>
 
-namespace spindle::detail {
+namespace spindle {
 
 // Copies `n` bytes; the caller issues ring_copy_fence() before publishing.
 void copy_into_ring(void* dst, const void* src, std::size_t n) noexcept;
 // Orders the streaming stores before the release store that publishes a slot.
 void ring_copy_fence() noexcept;
 
-}  // namespace spindle::detail
+}  // namespace spindle

@@ -277,10 +277,11 @@ def _attach(handle: tuple) -> _Store:
             os.close(fd)
     _, pid, fd, dev, ino = handle
     try:
-        mine = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        mine = _core.open_process_fd(pid, fd)
     except OSError as exc:
         raise RuntimeError(
-            f"spindle.shared: cannot open a shared container of process {pid} (descriptor {fd}): {exc.strerror}. "
+            f"spindle.shared: cannot open a shared container of process {pid} (descriptor {fd}): "
+            f"{os.strerror(exc.errno) if exc.errno else exc}. "
             "A container pickled outside a spawning context is a handle to the process that made it, which "
             "must still hold it; send the original data, or start the receiver with multiprocessing's spawn "
             "or forkserver") from None

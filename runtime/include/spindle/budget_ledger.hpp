@@ -47,7 +47,7 @@
 
 #include <spindle/thread_budget.hpp>
 
-namespace spindle::detail {
+namespace spindle {
 
 // BudgetPolicy (what a loader does when the budget is short) is public: thread_budget.hpp.
 
@@ -180,4 +180,4 @@ class BudgetLedger {
 // nullopt if the process is gone or its stat cannot be read.
 std::optional<uint64_t> process_start_time(pid_t pid, const std::string& proc_root = "/proc");
 
-}  // namespace spindle::detail
+}  // namespace spindle

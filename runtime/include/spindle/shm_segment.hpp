@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-namespace spindle::detail {
+namespace spindle {
 
 class ShmSegment {
  public:
@@ -77,4 +77,4 @@ class SegmentView {
   int fd_ = -1;
 };
 
-}  // namespace spindle::detail
+}  // namespace spindle
