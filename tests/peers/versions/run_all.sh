@@ -15,6 +15,7 @@
 #   VERSIONS (default: the five venvs), STARTS (fork spawn), TORCH_MODES (torch patched),
 #   GRAIN_MODES (grain patched), PYTEST_ARGS (--tb=line) narrow or change the runs.
 set -u
+export COLUMNS=${COLUMNS:-250}  # pytest cuts the -rfE summary lines to the terminal width
 logs=$1; torch_tests=$2; wheel=${3:-}
 versions=${VERSIONS:-torch-2.4.1 torch-2.8.0 torch-2.14.1 grain-0.2.12 grain-0.2.18}
 starts=${STARTS:-fork spawn}
