@@ -21,6 +21,7 @@ from .errors import (
     DecodeError,
     InternalError,
     LoaderTimeoutError,
+    PeerVersionWarning,
     SharedMemoryError,
     SkipRatioError,
     SpindleError,
