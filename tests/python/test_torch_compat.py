@@ -79,7 +79,7 @@ def test_a_missing_or_changed_name_is_named():
     def other(seed, wid):
         return seed
     changed = dict(needed, **{"torch.utils.data._utils.worker._generate_state(base_seed, worker_id)":
-                              lambda: _compat._has(other, "base_seed", "worker_id")})
+                              lambda: _compat.has_parameters(other, "base_seed", "worker_id")})
     reason = _compat.incompatibility(torch.__version__, changed)
     assert "_generate_state(base_seed, worker_id) as spindle.torch knows it (TypeError: takes no parameter " \
            "base_seed, worker_id)" in reason

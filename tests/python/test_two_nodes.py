@@ -83,17 +83,23 @@ def run_job(cluster: Nodes, phase: str, plan: list[tuple[Node, dict]], nproc: in
     os.chmod(out, 0o777)
     port = next(_ports)
     jobs = [torchrun(node, out, phase, nnodes=len(plan), nproc=nproc, port=port, **kw) for node, kw in plan]
+    wait_all(jobs, out, timeout=180)
+    return json.loads((out / f"{phase}.json").read_text())
+
+
+def wait_all(jobs: list[subprocess.Popen], out: Path, timeout: float) -> None:
+    """Waits for every job; kills those still running past `timeout` (an nsenter: what it started in the
+    node dies with the node at teardown at the latest); asserts each exited 0, showing out's logs if not."""
     try:
         for job in jobs:
-            job.wait(timeout=180)
+            job.wait(timeout=timeout)
     finally:
         for job in jobs:
             if job.poll() is None:
-                job.kill()  # nsenter; what it started in the node dies with the node at teardown at the latest
+                job.kill()
                 job.wait()
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(out.glob("*.log")))
     assert [j.returncode for j in jobs] == [0] * len(jobs), logs
-    return json.loads((out / f"{phase}.json").read_text())
 
 
 def sampler_order(world: int, rank: int, epoch: int) -> list[int]:
@@ -221,16 +227,7 @@ def test_jax_processes_on_two_nodes_load_grain_shards_and_resume_on_one_node(nod
         jobs = [subprocess.Popen(node.command(["/mnt/venv/bin/python", "/mnt/tests/jax_job.py", port, *args]),
                                  env=env, stdout=open(out / f"{node.name}.{args[0]}.{args[2]}.log", "w"),
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) for node, args in plan]
-        try:
-            for job in jobs:
-                job.wait(timeout=120)
-        finally:
-            for job in jobs:
-                if job.poll() is None:
-                    job.kill()
-                    job.wait()
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
-        assert [j.returncode for j in jobs] == [0] * len(jobs), logs
+        wait_all(jobs, out, timeout=120)
 
     started = time.monotonic()
     run([(a, ["0", "/mnt/out/jax", "grain", "2"]), (b, ["1", "/mnt/out/jax", "grain", "2"])])

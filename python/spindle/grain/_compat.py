@@ -16,8 +16,10 @@ import importlib.metadata
 import inspect
 import os
 import re
-import warnings
+
 from typing import Any, Callable, Optional
+
+from .._peer_check import Fallback, first_missing, has_parameters
 
 import grain
 
@@ -120,12 +122,6 @@ def _replace(options: Any, **changes: Any) -> Any:
 
 # --- the check ------------------------------------------------------------------------------
 
-def _has(fn: Any, *names: str) -> Any:
-    parameters = inspect.signature(fn).parameters
-    missing = [n for n in names if n not in parameters]
-    if missing:
-        raise TypeError(f"takes no parameter {', '.join(missing)}")
-    return fn
 
 
 def _needed() -> dict[str, Callable[[], Any]]:
@@ -134,7 +130,7 @@ def _needed() -> dict[str, Callable[[], Any]]:
 
     return {
         "grain._src.python.data_loader.DataLoader(worker_count)":
-            lambda: _has(module(0).DataLoader.__init__, "worker_count", "data_source", "sampler"),
+            lambda: has_parameters(module(0).DataLoader.__init__, "worker_count", "data_source", "sampler"),
         "grain._src.python.data_loader.DataLoader's _dataset and _multiprocessing_options":
             lambda: _sets(module(0).DataLoader, "_dataset", "_multiprocessing_options"),
         "grain._src.python.dataset.base.MultiprocessingContext(process_index, process_count)":
@@ -146,7 +142,7 @@ def _needed() -> dict[str, Callable[[], Any]]:
         "grain._src.python.dataset.transformations.prefetch.get_dataset_options":
             lambda: module(3).get_dataset_options,
         "grain._src.python.dataset.transformations.prefetch._set_slice_iter_dataset(ds, sl, sequential_slice)":
-            lambda: _has(module(3)._set_slice_iter_dataset, "ds", "sl", "sequential_slice"),
+            lambda: has_parameters(module(3)._set_slice_iter_dataset, "ds", "sl", "sequential_slice"),
         "grain._src.python.dataset.transformations.prefetch._MpContextIterDataset":
             lambda: module(3)._MpContextIterDataset,
     }
@@ -176,25 +172,14 @@ def incompatibility(version: str, needed: Optional[dict[str, Callable[[], Any]]]
     if release < SERVED_FROM and not force:
         return (f"grain {version} is older than the first release spindle.grain's workers serve "
                 f"({'.'.join(map(str, SERVED_FROM))}: its multi-process stage is what spindle replaces)")
-    for name, look_up in (_needed() if needed is None else needed).items():
-        try:
-            look_up()
-        except Exception as exc:  # noqa: BLE001 - any way a name can be gone or changed
-            return f"grain {version} has no {name} as spindle.grain knows it ({type(exc).__name__}: {exc})"
-    return None
+    return first_missing("grain", version, _needed() if needed is None else needed)
 
 
-FALLBACK: Optional[str] = incompatibility(installed_version(), force=os.environ.get("SPINDLE_GRAIN_COMPAT") == "force")
-_warned = False
+_FALLBACK = Fallback(incompatibility(installed_version(), force=os.environ.get("SPINDLE_GRAIN_COMPAT") == "force"),
+                     "spindle.grain: DataLoader and mp_prefetch run on grain's own workers")
+FALLBACK: Optional[str] = _FALLBACK.reason
 
 
 def warn_fallback(stacklevel: int = 2) -> None:
-    """The one warning (per process) that pipelines run on grain's own workers, and why."""
-    global _warned
-    if FALLBACK is None or _warned:
-        return
-    _warned = True
-    from ..errors import PeerVersionWarning
-
-    warnings.warn(f"spindle.grain: DataLoader and mp_prefetch run on grain's own workers: {FALLBACK}",
-                  PeerVersionWarning, stacklevel=stacklevel + 1)
+    """The one warning (per process) that the peer's own workers run, and why."""
+    _FALLBACK.warn(stacklevel + 1)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import warnings
+
 from typing import Any, Callable, Iterator, Optional
+
+from .._peer_check import Fallback, first_missing, has_parameters
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
@@ -206,19 +208,19 @@ def _needed() -> dict[str, Callable[[], Any]]:
     probe = TorchDataLoader(range(1))
     return {
         f"{ITERATOR_MODULE}.{ITERATOR_NAME}": torch_iterator,
-        f"{ITERATOR_NAME}._reset(loader, first_iter)": lambda: _has(TORCH_ITERATOR._reset, "loader", "first_iter"),
+        f"{ITERATOR_NAME}._reset(loader, first_iter)": lambda: has_parameters(TORCH_ITERATOR._reset, "loader", "first_iter"),
         f"{ITERATOR_NAME}._shutdown_workers": lambda: TORCH_ITERATOR._shutdown_workers,
         "DataLoader._get_iterator": lambda: TorchDataLoader._get_iterator,
         "DataLoader._index_sampler": lambda: index_sampler(probe),
         "DataLoader._auto_collation": lambda: auto_collation(probe),
         "DataLoader._IterableDataset_len_called": lambda: stream_len(probe),
         "torch.utils.data._utils.worker._generate_state(base_seed, worker_id)":
-            lambda: _has(_worker._generate_state, "base_seed", "worker_id"),
+            lambda: has_parameters(_worker._generate_state, "base_seed", "worker_id"),
         "torch.utils.data._utils.worker._worker_info": lambda: _worker._worker_info,
         "torch.utils.data._utils.worker.WorkerInfo(id, num_workers, seed, dataset)":
             lambda: _worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None),
         "torch.utils.data._utils.collate.collate_tensor_fn(batch, collate_fn_map)":
-            lambda: _has(_collate.collate_tensor_fn, "batch", "collate_fn_map"),
+            lambda: has_parameters(_collate.collate_tensor_fn, "batch", "collate_fn_map"),
         "torch.utils.data._utils.collate.default_collate_fn_map[torch.Tensor]":
             lambda: _collate.default_collate_fn_map[torch.Tensor],
         "torch.utils.data._utils.pin_memory.pin_memory": lambda: __import__(
@@ -227,11 +229,6 @@ def _needed() -> dict[str, Callable[[], Any]]:
     }
 
 
-def _has(fn: Any, *names: str) -> Any:
-    missing = [n for n in names if n not in _parameters(fn)]
-    if missing:
-        raise TypeError(f"takes no parameter {', '.join(missing)}")
-    return fn
 
 
 def incompatibility(version: str, needed: Optional[dict[str, Callable[[], Any]]] = None,
@@ -247,25 +244,14 @@ def incompatibility(version: str, needed: Optional[dict[str, Callable[[], Any]]]
                 f"({TESTED[-1]}); set SPINDLE_TORCH_COMPAT=force to try spindle's workers on it")
     if not force and minor < OLDEST:
         return f"torch {version} is older than the oldest release spindle.torch supports ({TESTED[0]})"
-    for name, look_up in (_needed() if needed is None else needed).items():
-        try:
-            look_up()
-        except Exception as exc:  # noqa: BLE001 - any way a name can be gone or changed
-            return f"torch {version} has no {name} as spindle.torch knows it ({type(exc).__name__}: {exc})"
-    return None
+    return first_missing("torch", version, _needed() if needed is None else needed)
 
 
-FALLBACK: Optional[str] = incompatibility(torch.__version__, force=os.environ.get("SPINDLE_TORCH_COMPAT") == "force")
-_warned = False
+_FALLBACK = Fallback(incompatibility(torch.__version__, force=os.environ.get("SPINDLE_TORCH_COMPAT") == "force"),
+                     "spindle.torch: every DataLoader runs on torch's own workers")
+FALLBACK: Optional[str] = _FALLBACK.reason
 
 
 def warn_fallback(stacklevel: int = 2) -> None:
-    """The one warning (per process) that loaders run on torch's own workers, and why."""
-    global _warned
-    if FALLBACK is None or _warned:
-        return
-    _warned = True
-    from ..errors import PeerVersionWarning
-
-    warnings.warn(f"spindle.torch: every DataLoader runs on torch's own workers: {FALLBACK}",
-                  PeerVersionWarning, stacklevel=stacklevel + 1)
+    """The one warning (per process) that the peer's own workers run, and why."""
+    _FALLBACK.warn(stacklevel + 1)
