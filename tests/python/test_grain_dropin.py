@@ -352,7 +352,8 @@ def test_a_missing_grain_name_is_named_and_this_grain_is_served():
 def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path):
     """Proves: with a grain spindle.grain does not serve (its version set to 0.2.16 before spindle.grain is
     imported), spindle.grain.DataLoader and mp_prefetch give grain's own elements, through grain's workers,
-    with one PeerVersionWarning naming the version."""
+    with one PeerVersionWarning naming the version; with grain's mp_prefetch monkeypatched to spindle's,
+    the fallback runs grain's own method (no recursion)."""
     script = tmp_path / "old_grain.py"
     script.write_text(
         "import warnings\n"
@@ -375,7 +376,10 @@ def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path)
         "    theirs = [int(x[0]) for x in grain.DataLoader(data_source=source, sampler=sampler, worker_count=2)]\n"
         "    plain = [int(x[0]) for x in ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(2))]\n"
         "    warned = [str(w.message) for w in caught if issubclass(w.category, PeerVersionWarning)]\n"
-        "    print(ours == theirs, staged == plain, len(warned))\n"
+        "    # the usual monkeypatch of grain's method: spindle.grain runs grain's own, not itself again\n"
+        "    grain.IterDataset.mp_prefetch = lambda d, o=None, worker_init_fn=None: sgrain.mp_prefetch(d, o)\n"
+        "    patched = [int(x[0]) for x in ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(2))]\n"
+        "    print(ours == theirs, staged == plain == patched, len(warned))\n"
         "    print(warned[0])\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

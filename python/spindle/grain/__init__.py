@@ -52,6 +52,9 @@ __all__ = ["DataLoader", "mp_prefetch"]
 # grain's own class, bound at import: the usual monkeypatch
 # `grain.DataLoader = spindle.grain.DataLoader` must not make ours build itself.
 _GrainDataLoader = _compat.grain_data_loader_class()
+# grain's own IterDataset.mp_prefetch, bound at import for the same reason (a grain spindle does not
+# serve runs it; a monkeypatched method that calls spindle.grain.mp_prefetch must not loop).
+_GRAIN_MP_PREFETCH = grain.IterDataset.mp_prefetch
 
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
@@ -69,8 +72,8 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
         return ds
     if _compat.FALLBACK is not None:
         _compat.warn_fallback()
-        return ds.mp_prefetch(options, **({} if worker_init_fn is None else {"worker_init_fn": worker_init_fn}),
-                              **({"sequential_slice": True} if sequential_slice else {}))
+        return _GRAIN_MP_PREFETCH(ds, options, **({} if worker_init_fn is None else {"worker_init_fn": worker_init_fn}),
+                                  **({"sequential_slice": True} if sequential_slice else {}))
     return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
                             sequential_slice)
 

@@ -27,9 +27,13 @@ if os.environ.get("SPINDLE_PEER_PATCH") == "grain":
     import grain
     import grain.python
     from grain._src.python import data_loader as _data_loader
-    from grain._src.python.dataset.transformations import process_prefetch as _process_prefetch
 
     import spindle.grain
+
+    try:
+        from grain._src.python.dataset.transformations import process_prefetch as _process_prefetch
+    except ImportError:  # grain before 0.2.17: IterDataset.mp_prefetch builds its stage itself
+        _process_prefetch = None
 
     def _multiprocess_prefetch(ds, num_workers=0, buffer_size=1, worker_init_fn=None, sequential_slice=False):
         options = grain.multiprocessing.MultiprocessingOptions(num_workers=num_workers,
@@ -38,4 +42,10 @@ if os.environ.get("SPINDLE_PEER_PATCH") == "grain":
                                          sequential_slice=sequential_slice)
 
     grain.DataLoader = grain.python.DataLoader = _data_loader.DataLoader = spindle.grain.DataLoader
-    _process_prefetch.multiprocess_prefetch = _multiprocess_prefetch
+    if _process_prefetch is not None:
+        _process_prefetch.multiprocess_prefetch = _multiprocess_prefetch
+    else:
+        def _mp_prefetch(ds, options=None, worker_init_fn=None):
+            return spindle.grain.mp_prefetch(ds, options, worker_init_fn=worker_init_fn)
+
+        grain.IterDataset.mp_prefetch = _mp_prefetch
