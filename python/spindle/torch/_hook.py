@@ -100,19 +100,26 @@ class _Hook:
 
     everywhere = False
     adopted: dict[int, Any] = {}  # id(object) -> a weak reference to it, or the object itself
+    live_after_prune = 64  # entries the table held after dead ones were last dropped
 
 
 _hook = _Hook()
 
 
 def _remember(thing: Any) -> None:
-    key = id(thing)
-    if thing is None or key in _hook.adopted:
+    """Remembers `thing` by a weak reference without a callback: a callback is Python code run while the
+    loader is freed, where a signal handler's exception (Ctrl-C as its workers stop) would be lost as
+    "Exception ignored". Dead entries are dropped as the table grows instead."""
+    if thing is None or _is_remembered(thing):
         return
+    if len(_hook.adopted) >= 2 * _hook.live_after_prune:
+        for key in [k for k, held in _hook.adopted.items() if isinstance(held, weakref.ref) and held() is None]:
+            del _hook.adopted[key]
+        _hook.live_after_prune = max(64, len(_hook.adopted))
     try:
-        _hook.adopted[key] = weakref.ref(thing, lambda _, key=key, table=_hook.adopted: table.pop(key, None))
+        _hook.adopted[id(thing)] = weakref.ref(thing)
     except TypeError:  # a list, a tuple: kept while this process lives
-        _hook.adopted[key] = thing
+        _hook.adopted[id(thing)] = thing
 
 
 def _is_remembered(thing: Any) -> bool:
