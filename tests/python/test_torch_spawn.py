@@ -149,7 +149,7 @@ def test_an_unpicklable_dataset_under_spawn_warns_and_raises_like_torch():
     assert outcomes[1] == outcomes[0]
     from spindle.torch import _compat
 
-    assert bool(outcomes[0][2]) == (_compat.PICKLE_WARNING is not None)
+    assert bool(outcomes[0][2]) == (_compat.pickle_warning() is not None)
     if outcomes[0][2]:
         assert outcomes[0][2][0].startswith("Got pickle error when attempting to start a worker")
 

@@ -14,13 +14,11 @@ tested range anyway (the names must still be there): for checking a new release.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
-
 from typing import Any, Callable, Iterator, Optional
-
-from .._peer_check import Fallback, first_missing, has_parameters
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
@@ -28,6 +26,8 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import dataloader as _dataloader
 from torch.utils.data._utils import collate as _collate
 from torch.utils.data._utils import worker as _worker
+
+from .._peer_check import Fallback, first_missing, has_parameters
 
 # The torch releases spindle.torch is tested on (make test-peers-versions runs torch's own
 # test_dataloader.py of each with spindle patched in; make test runs the oldest and the newest
@@ -89,6 +89,7 @@ def in_order(loader: Any) -> bool:
     return getattr(loader, "in_order", True)
 
 
+@functools.lru_cache(maxsize=None)
 def accepts(cls: Any, name: str) -> bool:
     """Whether `cls`'s constructor takes the keyword `name` (in_order: torch >= 2.6; torchdata >= 0.10)."""
     parameters = _parameters(cls.__init__)
@@ -121,7 +122,8 @@ def patch_collate_tensor_fn(make: Callable[[Callable[..., Any]], Callable[..., A
         _collate.default_collate_fn_map[torch.Tensor] = make(torch_fn)
 
 
-def _pickle_warning() -> Optional[str]:
+@functools.lru_cache(maxsize=None)
+def pickle_warning() -> Optional[str]:
     """The warning torch's iterator gives before a spawned worker's arguments fail to pickle, as torch's
     own module words it (torch 2.13 and 2.14 have one; 2.4 and 2.8 give none): None where it has none."""
     import ast
@@ -131,8 +133,6 @@ def _pickle_warning() -> Optional[str]:
             return node.value
     return None
 
-
-PICKLE_WARNING = _pickle_warning()
 
 
 def pin_memory(data: Any) -> Any:

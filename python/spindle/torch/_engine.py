@@ -159,7 +159,7 @@ class Engine(HasStats):
             spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
                              logical_workers=True, fed=fed, prefetch_factor=loader.prefetch_factor,
                              in_order=_compat.in_order(loader), timeout=loader.timeout, start_method=self._start_method(),
-                             pickle_warning=_compat.PICKLE_WARNING)
+                             pickle_warning=_compat.pickle_warning() if self._spawns() else None)
             body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
             # The warnings point at the user's iter(loader).
             runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
@@ -247,7 +247,7 @@ class Engine(HasStats):
             spec = StartSpec(num_workers=loader.num_workers, round_robin=True, logical_workers=logical,
                              batch_capacity=n, prefetch_factor=loader.prefetch_factor, in_order=_compat.in_order(loader),
                              timeout=loader.timeout, start_method=self._start_method(),
-                             pickle_warning=_compat.PICKLE_WARNING)
+                             pickle_warning=_compat.pickle_warning() if self._spawns() else None)
             body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
                            restart=partial(reseed_stream, dataset=shared))
