@@ -155,6 +155,9 @@ void register_loader(py::module_& m) {
           "stall_warning", [](const LoaderOptions& o) { return timeout_seconds(o.stall_warning); },
           [](LoaderOptions& o, double seconds) { o.stall_warning = timeout_ms(seconds); },
           "Seconds one next() may wait before a StallWarning names what the workers do (0: never).")
+      .def_readwrite("max_replacements", &LoaderOptions::max_replacements,
+                     "Lost workers started again per epoch, their batches posted again (0: a death closes the "
+                     "loader with WorkerDiedError; planned batches only).")
       .def("__repr__", &describe);
 
   py::class_<Batch>(m, "Batch", py::buffer_protocol(),
@@ -216,6 +219,7 @@ void register_loader(py::module_& m) {
              LoaderOptions o = options;
              o.budget_poll = budget_poll();
              o.on_stall = stall_warning();
+             o.on_replaced = worker_replaced();
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, o.batch_capacity, drop_last, starts),
                                python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds),
@@ -291,6 +295,8 @@ void register_loader(py::module_& m) {
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
       .def_property_readonly("copied_out", &Loader::copied_out)
+      .def_property_readonly("replaced", &Loader::replaced,
+                             "Workers started again in place of lost ones since the loader started.")
       .def("stats", &Loader::stats, py::call_guard<py::gil_scoped_release>(),
            "Counts since the loader started or reset_stats(), and the ring's and workers' state now "
            "(safe from any thread).")

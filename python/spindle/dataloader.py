@@ -23,7 +23,7 @@ from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.sharing import check_share, share_for_workers
-from ._runtime.start import LOADER_DEFAULTS, StartSpec, start
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, replacements_for, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Progress, dataset_key, torch_imported
 from ._state.epoch_plan import EpochPlan
@@ -152,6 +152,14 @@ class DataLoader(HasStats):
             "spindle") per conversion. Your dataset object is not changed: the
             workers get a shallow copy. ``"off"``: the workers get the dataset
             as it is (docs/shared_memory.md).
+        on_worker_death: ``"replace"`` (default): a worker process lost
+            mid-epoch (the OOM killer, a signal, a runtime's abort) is started
+            again and the batch it was producing is produced again: the epoch
+            goes on with the same batches in the same order, one WARNING
+            (logger "spindle") per loss. At most ``max(3, num_workers)``
+            per epoch, and a sample being produced at two losses is not tried
+            a third time: then ``WorkerDiedError`` names them
+            (docs/reliability.md). ``"raise"``: the first loss raises.
 
     ``state_dict()`` / ``load_state_dict()`` checkpoint the position in the
     epoch (a small JSON-able dict); a loader given a state yields exactly the
@@ -177,7 +185,7 @@ class DataLoader(HasStats):
                  worker_init_fn: Optional[Callable[[int], None]] = None,
                  persistent_workers: bool = False, max_batch_bytes: int = LOADER_DEFAULTS.max_batch_bytes,
                  budget_policy: Optional[str] = None, shard: Any = None, shard_drop_last: bool = False,
-                 share: str = "auto") -> None:
+                 share: str = "auto", on_worker_death: str = "replace") -> None:
         self.dataset = dataset
         _check_dataset(dataset)
         self.batch_size = _check_batch_size(batch_size)
@@ -203,6 +211,8 @@ class DataLoader(HasStats):
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         self.share = check_share(share)
+        replacements_for(on_worker_death, 0)  # checked now, not at the first epoch
+        self.on_worker_death = on_worker_death
         # The epochs' orders, their entropy, the length per rank and the checkpointed position.
         self._plan = EpochPlan(dataset, self.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
                                shard_drop_last=self.shard_drop_last, drop_last=self.drop_last)
@@ -265,7 +275,8 @@ class DataLoader(HasStats):
         spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,
                          max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
                          in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
-                         budget_policy=self.budget_policy)
+                         budget_policy=self.budget_policy,
+                         max_replacements=replacements_for(self.on_worker_death, self.num_workers))
         body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share, not spec.spawns),
                        transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),

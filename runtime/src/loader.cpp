@@ -46,7 +46,8 @@ void Loader::launch(Launcher& launcher) {
   switch (launcher.kind()) {
     case Launcher::Kind::kFork: {
       const pid_t consumer = getpid();
-      const WorkerMain& worker_main = launcher.main_;  // runs only in the children, during the pool's construction
+      // Kept by the Loader: a lost worker's replacement is forked later (max_replacements).
+      worker_main_ = std::make_shared<WorkerMain>(std::move(launcher.main_));
       // Each worker is marked started as soon as it is forked: from then on
       // /proc counts it, and the ledger must not count it as pending too.
       ForkHooks counted = launcher.hooks_;
@@ -57,10 +58,10 @@ void Loader::launch(Launcher& launcher) {
       pool_ = std::make_unique<WorkerPool>(
           n,
           forked_workers(
-              [&worker_main, ring, consumer, segment_fd](int w) {
+              [main = worker_main_.get(), ring, consumer, segment_fd](int w) {
                 ring.worker(static_cast<uint32_t>(w)).pid.store(getpid(), std::memory_order_relaxed);
                 WorkerContext ctx(ring, w, consumer, segment_fd);
-                return worker_main(ctx);
+                return (*main)(ctx);
               },
               std::move(counted)));
       return;
@@ -206,6 +207,8 @@ void Loader::reset(BatchPlan batches) {
   next_post_ = 0;
   delivered_ = 0;
   feed_ended_ = false;
+  replaced_epoch_ = 0;
+  deaths_.clear();
   samples_seen_ = samples_skipped_ = 0;
   inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2);
   post_more();

@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <system_error>
 
 #include <spindle/detail/arena.hpp>
 #include <spindle/detail/futex.hpp>
@@ -22,6 +24,7 @@ namespace spindle {
 using detail::SlotState;
 using detail::WorkerRecord;
 using detail::BatchRing;
+using detail::SlotHeader;
 namespace {
 
 constexpr auto kSupervisePeriod = std::chrono::milliseconds(50);
@@ -167,6 +170,7 @@ void Loader::fail_closed(const WorkerDiedError& died) {
 
 void Loader::check_workers() {
   if (!pool_) return;  // threads do not exit on their own
+  for (auto it = unstarted_.begin(); it != unstarted_.end(); it = unstarted_.erase(it)) restart(*it);
   auto e = pool_->poll_exit();
   if (!e) return;
   {
@@ -185,15 +189,106 @@ void Loader::check_workers() {
             describe_batch(static_cast<std::size_t>(batch)) +
             (sample >= 0 ? " at sample index " + std::to_string(sample) : " before its first sample");
   }
+  const std::string died = "spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) +
+                           ") " + e->describe() + " " + doing;
+  std::string why;  // why it is not replaced, when replacements were asked for
+  if (options_.max_replacements > 0 && !closed()) {
+    const auto earlier = std::find_if(deaths_.begin(), deaths_.end(),
+                                      [&](const auto& d) { return sample_field && d.first == *sample_field; });
+    if (options_.round_robin) {
+      why = ". A stream's worker cannot be replaced: its stream's position went with it";
+    } else if (earlier != deaths_.end()) {
+      why = ". Sample index " + std::to_string(*sample_field) + " was being produced at an earlier loss too (" +
+            earlier->second + "): a sample that kills its worker is not retried again. Fix or skip it";
+    } else if (replaced_epoch_ >= options_.max_replacements) {
+      std::string all;
+      for (const auto& d : deaths_) all += (all.empty() ? "" : "; ") + d.second;
+      why = ". " + std::to_string(replaced_epoch_) + " lost worker" + (replaced_epoch_ == 1 ? " was" : "s were") +
+            " replaced this epoch already, the most allowed (max_replacements=" +
+            std::to_string(options_.max_replacements) + "): " + all;
+    } else {
+      replace_lost(*e, died, sample_field, batch);
+      return;
+    }
+  }
   // The fields are the exception's (the bindings copy them to Python); the
   // text says the same for a person.
   fail_closed(WorkerDiedError(
-      "spindle: worker " + std::to_string(e->worker_id) + " (pid " + std::to_string(e->pid) + ") " + e->describe() +
-          " " + doing +
+      died + why +
           ". The loader is closed; start a new iteration to continue. A signal usually means the "
           "sample code crashed or ran out of memory (check dmesg for the OOM killer).",
       e->worker_id, static_cast<int>(e->pid), e->signaled ? std::nullopt : std::optional<int>(e->code),
       e->signaled ? std::optional<int>(e->code) : std::nullopt, sample_field, batch_field));
+}
+
+void Loader::replace_lost(const WorkerExit& e, const std::string& died, std::optional<int64_t> sample, int64_t batch) {
+  deaths_.emplace_back(sample.value_or(-1), died);
+  ++replaced_epoch_;
+  ++replaced_total_;
+  const auto w = static_cast<uint32_t>(e.worker_id);
+  const BatchRing& r = ring_->ring;
+  detail::WorkerRecord& rec = r.worker(w);
+  // Its item, if it held one: the slot it named before claiming (batch_ring.hpp, WorkerContext::claim).
+  const int32_t s = rec.slot.load(std::memory_order_acquire);
+  if (s >= 0 && static_cast<uint32_t>(s) < r.geometry().num_slots &&
+      std::find(inflight_.begin(), inflight_.end(), static_cast<uint32_t>(s)) != inflight_.end()) {
+    const auto slot = static_cast<uint32_t>(s);
+    SlotHeader& h = r.slot(slot);
+    const int32_t stream = h.stream;
+    const uint32_t q = stream >= 0 ? 1 + static_cast<uint32_t>(stream) % static_cast<uint32_t>(options_.num_workers) : 0;
+    if (r.state(slot) == SlotState::kFilling && h.worker == e.worker_id) {
+      post_again(slot);
+    } else if (r.state(slot) == SlotState::kPosted && !r.queue(q).holds(slot)) {
+      // Claimed from the queue and not yet filling: by the lost worker, or by a live one an
+      // instant from its own CAS on the state. Whoever wins this CAS has the slot; the consumer
+      // posts it again, a live worker that lost goes on to its next item.
+      auto expected = static_cast<uint32_t>(SlotState::kPosted);
+      if (h.state.compare_exchange_strong(expected, static_cast<uint32_t>(SlotState::kFree), std::memory_order_acq_rel))
+        post_again(slot);
+    }
+  }
+  rec.slot.store(-1, std::memory_order_relaxed);
+  rec.batch_id.store(-1, std::memory_order_relaxed);
+  rec.sample_index.store(-1, std::memory_order_relaxed);
+  rec.busy_since_ns.store(0, std::memory_order_relaxed);
+  rec.pid.store(0, std::memory_order_relaxed);  // "starting" until the new process writes its own
+  restart(e.worker_id);
+  std::lock_guard lock(pids_mu_);
+  const std::string line = died + "; started again as pid " + std::to_string(pids_[w]) +
+                           (batch >= 0 ? " and batch " + std::to_string(batch) + " posted again" : "") +
+                           " (replacement " + std::to_string(replaced_epoch_) + " of at most " +
+                           std::to_string(options_.max_replacements) + " this epoch).";
+  if (options_.on_replaced) options_.on_replaced(line);
+  else std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+void Loader::post_again(uint32_t s) {
+  const BatchRing& r = ring_->ring;
+  SlotHeader& h = r.slot(s);
+  const uint32_t q = h.stream >= 0 ? 1 + static_cast<uint32_t>(h.stream) % static_cast<uint32_t>(options_.num_workers) : 0;
+  h.count = static_cast<uint32_t>(batches_.batch(static_cast<std::size_t>(h.batch_id)).size());
+  h.worker = -1;
+  h.error_bytes = 0;
+  h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
+  write_raw_descriptor(r.descriptor(s));
+  r.set_state(s, SlotState::kPosted);
+  r.queue(q).post(s);
+}
+
+void Loader::restart(int worker) {
+  try {
+    pool_->restart(worker);
+  } catch (const std::system_error& e) {
+    fail_closed("spindle: worker " + std::to_string(worker) + " was lost and could not be started again: " +
+                    e.what() + ". The loader is closed.",
+                false);
+  } catch (...) {
+    unstarted_.push_back(worker);  // a signal to raise first (the fork hooks): tried again at the next check
+    throw;
+  }
+  std::lock_guard lock(pids_mu_);
+  pids_ = pool_->pids();
+  exits_ = pool_->exits();
 }
 
 void Loader::check_skips(bool final) {

@@ -167,14 +167,21 @@ std::optional<WorkItem> WorkerContext::claim() {
   WorkerRecord& rec = ring().worker(worker_id_);
   for (;;) {
     if (q.is_closed()) return std::nullopt;
-    if (auto s = q.try_claim()) {
+    // rec.slot names the item before the queue's CAS and h.worker before the slot's: a worker that
+    // dies at any instruction leaves its item findable (Loader::recover_item). The slot's CAS fails
+    // only if the consumer took the item back from a lost worker first; it posts it again.
+    if (auto s = q.try_claim(&rec.slot)) {
       SlotHeader& h = ring().slot(*s);
       h.worker = worker_id_;
+      auto expected = static_cast<uint32_t>(SlotState::kPosted);
+      if (!h.state.compare_exchange_strong(expected, static_cast<uint32_t>(SlotState::kFilling),
+                                           std::memory_order_acq_rel)) {
+        rec.slot.store(-1, std::memory_order_relaxed);
+        continue;
+      }
       rec.batch_id.store(h.batch_id, std::memory_order_relaxed);
       rec.sample_index.store(-1, std::memory_order_relaxed);
       if (ring().header().stats) rec.busy_since_ns.store(monotonic_ns(), std::memory_order_relaxed);
-      rec.slot.store(static_cast<int32_t>(*s), std::memory_order_release);
-      ring().set_state(*s, SlotState::kFilling);
       WorkItem item{*s, h.batch_id, {ring().indices(*s), h.count}, ring().payload_span(*s), false, {}, h.stream};
       if (h.flags & kSlotNewStream) {
         item.new_stream = true;

@@ -148,9 +148,13 @@ class ChildProcesses : public WorkerProcesses {
   }
 
  protected:
-  // Records a started child, with a pidfd for it if the kernel gives one.
-  pid_t add_child(pid_t pid) {
-    pidfds_.push_back(open_pidfd(pid));
+  // Records child `pid` as worker w (a new one, or one that replaces a lost
+  // worker w), with a pidfd for it if the kernel gives one.
+  pid_t add_child(int w, pid_t pid) {
+    const auto i = static_cast<std::size_t>(w);
+    if (pidfds_.size() <= i) pidfds_.resize(i + 1, -1);
+    if (pidfds_[i] >= 0) close(pidfds_[i]);  // the lost worker's, reaped
+    pidfds_[i] = open_pidfd(pid);
     return pid;
   }
 
@@ -192,7 +196,7 @@ class ForkedWorkers final : public ChildProcesses {
                                            "is reached: lower num_workers or raise the limit)"
                                          : ""));
     }
-    return add_child(pid);
+    return add_child(w, pid);
   }
 
  private:
@@ -243,11 +247,14 @@ class SpawnedWorkers final : public ChildProcesses {
       errno = rc;
       SPINDLE_THROW_ERRNO("spindle: could not spawn worker " + std::to_string(w) + " (" + spec_.argv[0] + ")");
     }
-    return add_child(pid);
+    return add_child(w, pid);
   }
 
-  // The lifted copies are needed only while spawning.
-  void started() noexcept override { high_.close_all(); }
+  // The lifted copies are kept until release(): a lost worker is spawned again from them.
+  void release() noexcept override {
+    ChildProcesses::release();
+    high_.close_all();
+  }
 
  private:
   int lift(int fd) {
@@ -382,6 +389,15 @@ std::optional<WorkerExit> WorkerPool::poll_exit() {
     return exits_[w];
   }
   return std::nullopt;
+}
+
+void WorkerPool::restart(int w) {
+  const auto i = static_cast<std::size_t>(w);
+  if (i >= pids_.size() || !reaped_[i])
+    SPINDLE_FAIL_INTERNAL("spindle: restart of worker " + std::to_string(w) + ", which is not reaped");
+  pids_[i] = processes_->start(w, size());
+  reaped_[i] = false;
+  exits_[i].reset();
 }
 
 bool WorkerPool::reap_all(std::chrono::steady_clock::time_point deadline) noexcept {

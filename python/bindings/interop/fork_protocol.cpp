@@ -47,35 +47,53 @@ void flush_python_stdio() {
 // repeating the parent's pending output once per worker. The runtime's own
 // forks drop the C stdio buffers a child inherits (runtime/src/child_stdio.hpp).
 ForkHooks interpreter_fork_hooks() {
-  struct Masks {
+  struct State {
     sigset_t blocked;  // what the hooks block (and unblock again): not what was blocked before
+    PyGILState_STATE gil;
   };
-  auto masks = std::make_shared<Masks>();
-  auto unblock = [masks] { pthread_sigmask(SIG_UNBLOCK, &masks->blocked, nullptr); };
-  return ForkHooks{[masks] {
-                     flush_python_stdio();
-                     sigset_t all, before;
-                     sigfillset(&all);
-                     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS})
-                       sigdelset(&all, sig);  // faults are raised synchronously; blocked, they kill
-                     pthread_sigmask(SIG_BLOCK, &all, &before);
-                     sigemptyset(&masks->blocked);
-                     for (int sig = 1; sig < NSIG; ++sig)
-                       if (sigismember(&all, sig) == 1 && sigismember(&before, sig) == 0)
-                         sigaddset(&masks->blocked, sig);
-                     if (PyErr_CheckSignals() != 0) {
-                       pthread_sigmask(SIG_UNBLOCK, &masks->blocked, nullptr);
-                       throw py::error_already_set();
+  auto state = std::make_shared<State>();
+  sigemptyset(&state->blocked);
+  // Python's half of a fork of spindle's (spindle._runtime.forking.forking()): entered here for a
+  // fork the runtime makes on its own (a lost worker's replacement, from next() without the GIL);
+  // nothing when the fork is already inside it (the workers a Loader starts).
+  auto around = [](const char* name) {
+    py::module_::import("spindle._runtime.forking").attr(name)();
+  };
+  return ForkHooks{[state, around] {
+                     state->gil = PyGILState_Ensure();  // held from here to the fork's end (parent and child)
+                     try {
+                       flush_python_stdio();
+                       sigset_t all, before;
+                       sigfillset(&all);
+                       for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS})
+                         sigdelset(&all, sig);  // faults are raised synchronously; blocked, they kill
+                       pthread_sigmask(SIG_BLOCK, &all, &before);
+                       sigemptyset(&state->blocked);
+                       for (int sig = 1; sig < NSIG; ++sig)
+                         if (sigismember(&all, sig) == 1 && sigismember(&before, sig) == 0)
+                           sigaddset(&state->blocked, sig);
+                       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                       around("enter_fork");
+                     } catch (...) {
+                       pthread_sigmask(SIG_UNBLOCK, &state->blocked, nullptr);
+                       PyGILState_Release(state->gil);
+                       throw;
                      }
                      PyOS_BeforeFork();
                    },
-                   [unblock] {
+                   [state, around] {
                      PyOS_AfterFork_Parent();
-                     unblock();
+                     pthread_sigmask(SIG_UNBLOCK, &state->blocked, nullptr);
+                     try {
+                       around("leave_fork");
+                     } catch (py::error_already_set& e) {
+                       e.discard_as_unraisable("spindle: leaving a fork");
+                     }
+                     PyGILState_Release(state->gil);
                    },
-                   [unblock] {
-                     PyOS_AfterFork_Child();
-                     unblock();
+                   [state] {
+                     PyOS_AfterFork_Child();  // the child goes on holding the GIL: its worker main is Python
+                     pthread_sigmask(SIG_UNBLOCK, &state->blocked, nullptr);
                    }};
 }
 
@@ -94,6 +112,13 @@ std::function<void(const std::string&)> stall_warning() {
     py::gil_scoped_acquire gil;
     py::object cls = py::module_::import("spindle.errors").attr("StallWarning");
     if (PyErr_WarnEx(cls.ptr(), message.c_str(), 1) != 0) throw py::error_already_set();
+  };
+}
+
+std::function<void(const std::string&)> worker_replaced() {
+  return [](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    py::module_::import("spindle._runtime.failures").attr("worker_replaced")(message);
   };
 }
 

@@ -8,8 +8,10 @@
 #include <spindle/launcher.hpp>
 
 namespace spindle::python {
-// The interpreter's fork protocol, for every fork made from Python (the
-// forking thread holds the GIL).
+// The interpreter's fork protocol, for every fork made from Python: the hooks
+// take the GIL for the fork (the thread may hold it, or not: a replacement is
+// forked from next()), and run spindle._runtime.forking's enter_fork() and
+// leave_fork() around it.
 ForkHooks interpreter_fork_hooks();
 // Paces the ledger's "wait" policy: sleeps a poll period without the GIL
 // (another thread may be the one giving a lease back) and raises on Ctrl-C.
@@ -21,4 +23,7 @@ std::function<void()> next_poll();
 // GIL: warns spindle.errors.StallWarning; a warnings filter that raises
 // leaves next() with that exception.
 std::function<void(const std::string&)> stall_warning();
+// LoaderOptions::on_replaced, called without the GIL: one line to
+// spindle._runtime.failures.worker_replaced (logged at WARNING).
+std::function<void(const std::string&)> worker_replaced();
 }  // namespace spindle::python

@@ -8,12 +8,19 @@ traceback as a note.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import traceback
 from typing import Optional
 
 from ..errors import BatchFailedError, WorkerError
+
+
+def worker_replaced(message: str) -> None:
+    """The core's line when a lost worker was started again (``max_replacements``): one WARNING on
+    the "spindle" logger per replacement."""
+    logging.getLogger("spindle").warning("%s", message)
 
 
 def pack_exception(exc: BaseException, index: int, worker_id: int, limit: int) -> bytes:

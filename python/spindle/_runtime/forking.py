@@ -66,6 +66,30 @@ def forking() -> Iterator[None]:
                 gc.enable()
 
 
+# The forking() entered by enter_fork() (a fork the runtime makes on its own), None when none.
+_runtime_fork: Optional[contextlib.AbstractContextManager[None]] = None
+
+
+def enter_fork() -> None:
+    """Called by the core's fork hooks before each of spindle's forks. A fork the runtime makes on
+    its own (a lost worker's replacement, from ``next()``) gets what forking() gives the workers a
+    loader starts; inside forking() already, nothing."""
+    global _runtime_fork
+    if _collecting_at_fork is not None:
+        return
+    context = forking()
+    context.__enter__()
+    _runtime_fork = context
+
+
+def leave_fork() -> None:
+    """The core's fork hooks, after each fork, in the consumer: leaves what enter_fork() entered."""
+    global _runtime_fork
+    context, _runtime_fork = _runtime_fork, None
+    if context is not None:
+        context.__exit__(None, None, None)
+
+
 def forked_worker(body: Callable[[Any], int]) -> Callable[[Any], int]:
     """The ``worker_main`` of a loader's forked workers: ``body(ctx)`` run as
     multiprocessing runs a forked child's target (its ``Process._bootstrap``),

@@ -40,6 +40,19 @@ PICKLE_ERROR_WORDS = (
     "You can also try multiprocessing.set_start_method('fork').")
 
 
+ON_WORKER_DEATH = ("replace", "raise")
+
+
+def replacements_for(on_worker_death: str, num_workers: int) -> int:
+    """The core's ``max_replacements`` for a front end's ``on_worker_death``: "raise" none (a lost
+    worker ends the epoch with WorkerDiedError); "replace" as many lost workers per epoch as there
+    are workers, and at least 3 (a poison sample is stopped at its second death anyway)."""
+    if on_worker_death not in ON_WORKER_DEATH:
+        raise ValueError(f"on_worker_death should be one of {', '.join(map(repr, ON_WORKER_DEATH))}, "
+                         f"but got {on_worker_death!r}")
+    return max(3, num_workers) if on_worker_death == "replace" else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class StartSpec:
     """How a front end wants its runtime Loader started. Fields mirror ``_core.LoaderOptions``
@@ -69,6 +82,7 @@ class StartSpec:
     first_worker: int = _DEFAULTS.first_worker
     timeout: float = _DEFAULTS.timeout
     max_threads: Optional[int] = _DEFAULTS.max_threads
+    max_replacements: int = _DEFAULTS.max_replacements
     budget_policy: Optional[str] = None
     start_method: str = "fork"
     pickle_warning: Optional[str] = PICKLE_ERROR_WORDS

@@ -96,6 +96,19 @@ struct LoaderOptions {
   // The stall warning's receiver (empty: one line on stderr). Called from the
   // thread in next(); may throw to leave next() (the loader stays intact).
   std::function<void(const std::string&)> on_stall;
+  // A worker process lost mid-epoch (killed by a signal, the OOM killer, an
+  // abort, an exit) is started again in its place, and the batch it was
+  // producing is posted again, up to this many times per epoch; then, or when
+  // the same sample was being produced at two deaths (a poison sample, never
+  // retried a third time), WorkerDiedError names the cause. 0: the first death
+  // closes the loader with WorkerDiedError. Planned batches only: a stream
+  // (round_robin) cannot be taken up where a lost process left it, so there a
+  // death is always fatal. The batches and their order are those of a run
+  // without the death; per-worker state (a random generator) starts again.
+  int max_replacements = 0;
+  // One line per replacement (empty: on stderr); called from the thread in
+  // next() and may throw to leave it (the replacement has happened).
+  std::function<void(const std::string&)> on_replaced;
 };
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
@@ -234,6 +247,10 @@ class Loader {
   uint32_t batch_capacity() const noexcept { return options_.batch_capacity; }
   uint32_t num_slots() const noexcept;
   int64_t copied_out() const noexcept { return copied_out_; }
+  // Workers started again in place of lost ones (LoaderOptions::max_replacements), since the loader
+  // started; and this epoch.
+  int64_t replaced() const noexcept { return replaced_total_; }
+  int replaced_this_epoch() const noexcept { return replaced_epoch_; }
   // Counts since the loader started or reset_stats() (loader_stats.hpp), and
   // the ring's and workers' state now. Safe from any thread, also while
   // next() waits, and after close().
@@ -259,6 +276,10 @@ class Loader {
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
   void check_workers();
+  // A lost worker (max_replacements): its batch posted again, a process started in its place.
+  void replace_lost(const WorkerExit& e, const std::string& died, std::optional<int64_t> sample, int64_t batch);
+  void post_again(uint32_t slot);
+  void restart(int worker);
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);
   [[noreturn]] void fail_closed(const WorkerDiedError& died);
   void check_skips(bool final);
@@ -281,6 +302,13 @@ class Loader {
   std::shared_ptr<RingStorage> ring_;
   std::unique_ptr<detail::WorkerPool> pool_;      // worker processes, or
   std::unique_ptr<detail::ArenaJobs> threads_;    // worker threads (Launcher::threads)
+  // Forked workers' main, kept to start a replacement; destroyed with the Loader (its owner may
+  // need a lock to drop it: the Python binding deletes a Loader holding the GIL), never by close().
+  std::shared_ptr<WorkerMain> worker_main_;
+  int64_t replaced_total_ = 0;
+  int replaced_epoch_ = 0;
+  std::vector<std::pair<int64_t, std::string>> deaths_;  // this epoch: the sample at each death (-1: none), its text
+  std::vector<int> unstarted_;  // lost workers whose replacement could not start yet (tried again)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream

@@ -64,15 +64,28 @@ class IndexQueue {
   }
 
   // Any worker. Returns the next item, or nullopt when none is posted.
-  [[nodiscard]] std::optional<uint32_t> try_claim() noexcept {
+  // `announce`, if given, is set to each item before the CAS that may win it:
+  // a claimer that dies right after winning has named its item (a lost
+  // worker's item is found again; Loader, loader_supervision.cpp).
+  [[nodiscard]] std::optional<uint32_t> try_claim(std::atomic<int32_t>* announce = nullptr) noexcept {
     uint32_t c = claimed_.load(std::memory_order_acquire);
     while (c != posted_.load(std::memory_order_acquire)) {
       // Read the entry before the CAS: once claimed_ moves past c the consumer
       // may legally post item c + E (E = mask_ + 1) into this very entry.
       const uint32_t item = entries()[c & mask_].load(std::memory_order_relaxed);
+      if (announce) announce->store(static_cast<int32_t>(item), std::memory_order_release);
       if (claimed_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) return item;
     }
     return std::nullopt;
+  }
+
+  // Consumer only: whether `item` is posted and not claimed yet. A claimer
+  // may win it meanwhile; an item that is not held stays so.
+  bool holds(uint32_t item) const noexcept {
+    const uint32_t p = posted_.load(std::memory_order_acquire);
+    for (uint32_t c = claimed_.load(std::memory_order_acquire); c != p; ++c)
+      if (entries()[c & mask_].load(std::memory_order_relaxed) == item) return true;
+    return false;
   }
 
   // Sleeps until something is posted, the queue closes, or `timeout` passes.
@@ -102,6 +115,9 @@ class IndexQueue {
   // Atomic: a claimer may read an entry while the consumer rewrites it (the
   // claimer's CAS then fails and it retries).
   std::atomic<uint32_t>* entries() noexcept { return reinterpret_cast<std::atomic<uint32_t>*>(this + 1); }
+  const std::atomic<uint32_t>* entries() const noexcept {
+    return reinterpret_cast<const std::atomic<uint32_t>*>(this + 1);
+  }
 
   // Each counter on its own cache line: workers hammer `claimed_` with CAS,
   // the consumer writes `posted_`; sharing a line would make every post and

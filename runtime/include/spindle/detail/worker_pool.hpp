@@ -47,7 +47,8 @@ namespace spindle::detail {
 class WorkerProcesses {
  public:
   virtual ~WorkerProcesses() = default;
-  // Starts worker w of n and returns its pid. Throws (std::system_error with
+  // Starts worker w of n and returns its pid; also again, for a worker w that
+  // was lost and reaped (WorkerPool::restart). Throws (std::system_error with
   // the errno and the worker) if it cannot; the pool then stops the others.
   virtual pid_t start(int w, int n) = 0;
   // Called once every worker is started (or the start failed).
@@ -82,6 +83,10 @@ class WorkerPool {
 
   // Non-blocking: reports a worker that has exited since the last call.
   std::optional<WorkerExit> poll_exit();
+  // Starts worker w again, in place of the one poll_exit() reported (its
+  // queue, record and id are the new process's). Throws as start() does; the
+  // worker then stays reaped.
+  void restart(int w);
   // Waits up to `grace` for every worker to exit, then SIGKILLs the rest and
   // reaps them. Idempotent.
   void shutdown(std::chrono::milliseconds grace) noexcept;
