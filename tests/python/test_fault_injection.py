@@ -49,7 +49,8 @@ def test_two_hundred_random_worker_kills_each_raise_a_named_error_within_a_secon
     rng = np.random.default_rng(7)
     all_pids, reported = [], 0
     for trial in range(200):
-        it = iter(spindle.DataLoader(Busy(64), batch_size=4, num_workers=2, prefetch_factor=2))
+        it = iter(spindle.DataLoader(Busy(64), batch_size=4, num_workers=2, prefetch_factor=2,
+                                     on_worker_death="raise"))
         pids = list(it.worker_pids)
         all_pids += pids
         victim = int(rng.choice(pids))

@@ -18,7 +18,7 @@ PIL = pytest.importorskip("PIL.Image")
 
 
 def death(dataset) -> tuple[errors.WorkerDiedError, set[int]]:
-    it = iter(spindle.DataLoader(dataset, batch_size=10, num_workers=2))
+    it = iter(spindle.DataLoader(dataset, batch_size=10, num_workers=2, on_worker_death="raise"))
     pids = set(it.worker_pids)
     with pytest.raises(spindle.WorkerDiedError) as info:
         for _ in it:

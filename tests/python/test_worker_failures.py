@@ -66,7 +66,7 @@ def test_an_unpicklable_worker_exception_still_reports_type_text_and_sample():
 
 def test_a_killed_worker_is_reported_within_a_second_with_pid_signal_and_batch():
     """SIGKILL of the worker loading sample 123 raises WorkerDiedError in < 1 s naming pid, signal and sample."""
-    it = iter(spindle.DataLoader(KillsItselfAt(123), batch_size=10, num_workers=2))
+    it = iter(spindle.DataLoader(KillsItselfAt(123), batch_size=10, num_workers=2, on_worker_death="raise"))
     pids = set(it.worker_pids)
     start = time.monotonic()
     with pytest.raises(spindle.WorkerDiedError) as info:
@@ -86,7 +86,7 @@ def test_a_killed_worker_is_reported_within_a_second_with_pid_signal_and_batch()
 def test_a_worker_killed_from_outside_is_reported_with_its_pid():
     """kill -9 of a busy worker from another process raises WorkerDiedError naming that pid."""
     # Sample 1, not 0: the consumer reads sample 0 itself to lay out the ring.
-    it = iter(spindle.DataLoader(SlowAt(1, 30.0), batch_size=4, num_workers=1))
+    it = iter(spindle.DataLoader(SlowAt(1, 30.0), batch_size=4, num_workers=1, on_worker_death="raise"))
     victim = it.worker_pids[0]
     time.sleep(0.2)
     os.kill(victim, signal.SIGKILL)

@@ -20,7 +20,7 @@ from .._runtime.epoch import EpochIterator
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
 from .._runtime.sharing import share_for_workers
-from .._runtime.start import StartSpec, start as start_runtime, start_method_of
+from .._runtime.start import StartSpec, replacements_for, start as start_runtime, start_method_of
 from .._runtime.stats import HasStats
 from .._runtime.worker import run_stream_worker, run_worker
 from ..errors import WorkerDiedError
@@ -159,7 +159,9 @@ class Engine(HasStats):
             spec = StartSpec(num_workers=loader.num_workers, batch_capacity=self._capacity, assign_in_turn=True,
                              logical_workers=True, fed=fed, prefetch_factor=loader.prefetch_factor,
                              in_order=_compat.in_order(loader), timeout=loader.timeout, start_method=self._start_method(),
-                             pickle_warning=_compat.pickle_warning() if self._spawns() else None)
+                             pickle_warning=_compat.pickle_warning() if self._spawns() else None,
+                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise"),
+                                                               loader.num_workers))
             body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
             # The warnings point at the user's iter(loader).
             runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)

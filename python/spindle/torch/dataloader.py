@@ -13,6 +13,7 @@ from ._engine import Engine
 from ._hook import adopt
 from ._shard import shard_sampler
 from .._runtime.sharing import check_share
+from .._runtime.start import replacements_for
 from .._state.sharding import resolve_shard
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -44,7 +45,17 @@ class DataLoader(Engine, _TorchDataLoader[_T_co]):
     ``ConcatDataset``), go to shared memory once (:func:`spindle.shared`), so
     the workers read them without each copying them; your dataset object is
     not changed (the workers get a shallow copy). One INFO line on logger
-    "spindle" per conversion (docs/shared_memory.md)."""
+    "spindle" per conversion (docs/shared_memory.md).
+
+    ``on_worker_death="replace"`` (keyword-only; default ``"raise"``, torch's
+    behaviour: the epoch ends with an error): a worker process lost mid-epoch
+    (the OOM killer, a signal) is started again, with ``worker_init_fn`` and
+    its seed, and the batch it was producing is produced again, so the epoch
+    goes on with the same batches in the same order (a worker's own random
+    generator starts again). At most ``max(3, num_workers)`` per epoch; a
+    sample being produced at two losses is named, not retried. Map-style
+    datasets only: an ``IterableDataset``'s lost worker still ends the epoch
+    (docs/reliability.md)."""
 
     _peer: Any = _TorchDataLoader  # the class whose __init__ validates the arguments and builds the samplers
 
@@ -56,7 +67,8 @@ class DataLoader(Engine, _TorchDataLoader[_T_co]):
                  generator: Optional[torch.Generator] = None, *, prefetch_factor: Optional[int] = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0, share: str = "auto",
-                 **peer_options: Any) -> None:
+                 on_worker_death: str = "raise", **peer_options: Any) -> None:
+        replacements_for(on_worker_death, 0)  # checked now, not at the first epoch
         self._shard = resolve_shard(shard)
         self._share = check_share(share)
         if self._shard is not None:
@@ -77,6 +89,7 @@ class DataLoader(Engine, _TorchDataLoader[_T_co]):
             self.in_order = True
         _check_counts(self)
         self.shard, self.shard_drop_last, self.shard_seed, self.share = shard, shard_drop_last, shard_seed, share
+        self.on_worker_death = on_worker_death
         self._init_engine()
         adopt(self, sampler is not None, batch_sampler is not None)
 
