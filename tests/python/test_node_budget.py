@@ -138,7 +138,8 @@ class Numbers:
     def __len__(self): return 64
     def __getitem__(self, i): return np.full(4, i, np.int64)
 out = {}
-holder = spindle.DataLoader(Numbers(), batch_size=4, num_workers=8, persistent_workers=True)
+# "fail": all 8 workers, the consumer's reserve only from what is left (shrinking, it would keep 8).
+holder = spindle.DataLoader(Numbers(), batch_size=4, num_workers=8, persistent_workers=True, budget_policy="fail")
 held = iter(holder)          # 8 workers alive: 2 of 10 tasks left
 next(held)
 def attempt(name, **kw):
@@ -256,14 +257,18 @@ print(json.dumps(out))
 def test_the_consumers_blas_pool_keeps_its_room_while_forks_stop_it():
     """Proves: the consumer's OpenBLAS pool thread, stopped by spindle's fork and restarted after it, is in
     a ledger lease meanwhile: another process's loader started in that window (asking 8 workers, 6 tasks
-    free in /proc) is granted 5 and leaves the 6th to the pool, which restarts (2 threads, no warning)."""
+    free in /proc beside its consumer's reserve) is granted 5 and leaves the 6th to the pool, which
+    restarts (2 threads, no warning)."""
     from unprivileged import run_limited
     launcher = f"POOL_OWNER = {POOL_OWNER!r}\nLOADER_BESIDE = {LOADER_BESIDE!r}\n" + POOL_LAUNCHER
     # The launcher's own thread is run_limited's +1; the owner runs 2 threads, the other process 1: 3,
     # and 5 more, so 6 are free once the owner's pool thread stops. numpy (with its OpenBLAS, pthreads)
     # and threadpoolctl are staged with spindle: the uid cannot be assumed to read this venv (a checkout
-    # in a 0700 directory), and Debian's numpy runs the reference BLAS, with no pool.
-    done = run_limited(launcher, headroom=3 + 5, timeout=180, packages=("spindle", "numpy", "threadpoolctl"))
+    # in a 0700 directory), and Debian's numpy runs the reference BLAS, with no pool. The other process's
+    # start also keeps its consumer's reserve (BURST_MIN: it runs 1 thread) out of its workers' reach.
+    from spindle._budget.reserve import BURST_MIN
+    done = run_limited(launcher, headroom=3 + 5 + BURST_MIN, timeout=180,
+                       packages=("spindle", "numpy", "threadpoolctl"))
     assert done.returncode == 0, done.stderr
     owner, beside = json.loads(done.stdout.strip().splitlines()[-1])
     assert owner["rc"] == 0 and beside["rc"] == 0, (owner["stderr"], beside["stderr"])

@@ -169,3 +169,89 @@ def test_sixteen_capped_workers_finish_the_zoo_under_little_headroom(reference):
     run = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(run["seen"]) == list(range(96))
     assert len(run["workers"]) == 16
+
+
+# The zoo at the issue's headroom: 48 tasks for 16 workers that each run 7 threads (their own, Arrow's 2,
+# polars's 4: docs/threads.md). Polars is imported in the workers only, so no start can know its threads
+# before a worker runs it: a first loader of 4 workers runs an epoch (the watchdog sees what a worker runs),
+# then the 16-worker loader counts that per worker and starts the processes that fit beside the consumer's
+# reserve. The peak is the uid's tasks (/proc, every process of the real uid) sampled per batch.
+AT_48 = ZOO.replace('''if sys.argv[1] == "reference":''', '''if len(sys.argv) == 1:
+    import warnings
+    from spindle.bench.tree import uid_tasks
+    import spindle
+
+    folder = tempfile.mkdtemp(prefix="spindle-zoo-")
+    dataset = Zoo(write_parquet(folder), 96)
+    dataset.names = False
+    dataset.warm(0)
+    limit, peak, report = int(os.environ["SPINDLE_TEST_NPROC_LIMIT"]), 0, {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for workers in (4, 16):
+            seen = []
+            for batch in spindle.DataLoader(dataset, batch_size=4, num_workers=workers):
+                seen += [int(i) for i in batch["index"]]
+                peak = max(peak, uid_tasks(os.getuid()))
+            report[workers] = sorted(seen) == list(range(96))
+    report.update(peak=peak, limit=limit, warnings=[str(w.message) for w in caught])
+    print(json.dumps(report))
+    sys.exit()
+if sys.argv[1] == "reference":''')
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged uid")
+def test_the_zoo_at_48_tasks_counts_what_its_workers_ran_and_stays_under_the_limit():
+    """Proves: as an unprivileged uid with 48 tasks of headroom, after one epoch of 4 zoo workers (7 threads each),
+    16 workers of the zoo complete an epoch, every sample once, the uid's tasks never reach the limit, and the
+    watchdog's one warning per loader names polars's and Arrow's threads."""
+    done = run_limited(AT_48, headroom=48, timeout=240, packages=_STAGED)
+    assert done.returncode == 0, done.stderr[-4000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["4"] and r["16"], r
+    assert r["peak"] < r["limit"], r
+    leases = [w for w in r["warnings"] if "over its lease" in w]
+    assert leases and "polars x4" in leases[0] and "Arrow x2" in leases[0], r["warnings"]
+
+
+# A training loop that saves a checkpoint mid-epoch: its writer starts 6 threads in the consumer (orbax's
+# async checkpointer starts its commit thread and executors the same way) while 24 workers were asked for
+# under 24 tasks of headroom.
+BURST = r"""
+import json, os, threading, time, warnings
+import numpy as np, spindle
+
+class Images:
+    def __len__(self): return 2048
+    def __getitem__(self, i): return {"label": np.int64(i)}
+
+def save_checkpoint():
+    threads = [threading.Thread(target=time.sleep, args=(0.05,)) for _ in range(6)]
+    for t in threads:
+        t.start()  # RuntimeError: can't start new thread when the workers took every task
+    for t in threads:
+        t.join()
+
+seen, saved = [], 0
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    loader = spindle.DataLoader(Images(), batch_size=64, num_workers=24)
+    for step, batch in enumerate(loader):
+        seen += batch["label"].tolist()
+        if step % 8 == 4:
+            save_checkpoint()
+            saved += 1
+print(json.dumps({"samples": sorted(seen) == list(range(2048)), "saved": saved}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged uid")
+def test_a_consumer_that_starts_checkpoint_threads_mid_epoch_finds_room_under_a_tight_limit():
+    """Proves: with 24 workers asked under 24 tasks of headroom, the start leaves the consumer its reserve, so a
+    checkpoint save that starts 6 threads mid-epoch succeeds every time and the epoch completes, every sample once."""
+    done = run_limited(BURST, headroom=24, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r == {"samples": True, "saved": 4}, r

@@ -2,6 +2,8 @@
 the pools of other runtimes to one thread in the workers.
 
 - ``caps``: thread-pool caps in workers (OpenBLAS, OpenMP, ...) and the thread watchdog.
+- ``reserve``: what a start holds back from its workers: the consumer's reserve and the workers'
+  runtime threads.
 - ``threads``: reading a process's threads and which runtime started them (/proc).
 - ``policy``: the budget policy (resolved by the core: ``_core.resolve_budget_policy``) and its
   shrink warning.

@@ -15,8 +15,9 @@ Three parts:
   a lease of the budget ledger meanwhile.
 - ``ThreadWatchdog`` runs in the consumer: it looks at each worker's threads
   (``/proc/<pid>/task``) about once a second and warns, once per loader, about
-  a worker running more threads than its lease, naming them, so the code that
-  started them can be found.
+  a worker running more threads than its lease, naming them by runtime, so the
+  code that started them can be found; the count it saw is what the next start
+  counts per worker (``_budget.reserve``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
-from . import runtimes
+from . import reserve, runtimes
 
 try:
     import threadpoolctl  # imported here, in the consumer, so that forked workers find it loaded
@@ -216,38 +217,61 @@ def _housekeeping(names: list[str]) -> int:
 
 
 class ThreadWatchdog:
-    """Warns once when a worker holds more threads than its lease."""
+    """Warns once when a worker holds more threads than its lease, naming them by runtime, and samples
+    the consumer's thread count for its reserve (``_budget.reserve``).
 
-    def __init__(self, worker_pids: Callable[[], list[int]], lease: int = 1, period: float = 1.0) -> None:
+    The lease is a worker's own thread and what the runtimes loaded in the consumer still run in it at
+    their caps (the runtime table's ``worker_threads``: Arrow's two pool threads). A worker seen over
+    it is remembered, so that the next start in this process counts what its workers ran."""
+
+    def __init__(self, worker_pids: Callable[[], list[int]], lease: Optional[int] = None,
+                 period: float = 1.0) -> None:
         self._pids = worker_pids
-        self._lease = lease
+        self._lease = reserve.worker_lease() if lease is None else lease
         self._period = period
         self._next = time.monotonic() + period / 4  # first look soon after start
         self.warned = False
 
     def poll(self) -> None:
         """Cheap unless a period has passed; call it per batch."""
-        if self.warned or time.monotonic() < self._next:
+        if time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._period
-        # Arrow's CPU pool, capped at one thread in every worker (cap_worker_pools), cannot run with
-        # none: reading a Hugging Face dataset (numpy/torch format) starts that one thread. Nothing
-        # the user can change, so it is not warned about.
-        lease = self._lease + (1 if "pyarrow" in sys.modules else 0)
+        reserve.note_consumer_threads()
+        if self.warned:
+            return
         for worker_id, pid in enumerate(self._pids()):
             names = thread_names(pid)
-            if len(names) - _housekeeping(names) > lease:
+            if len(names) - _housekeeping(names) > self._lease:
                 self.warned = True
-                counts = collections.Counter(names[1:])  # the first task is the worker's own thread
-                listed = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())
-                warnings.warn(
-                    f"spindle: worker {worker_id} (pid {pid}) runs {len(names)} threads, over its lease of "
-                    f"{self._lease}: {listed}. Dataset code started them in the worker (a thread pool, or a "
-                    "multiprocessing Queue's feeder thread: one per Queue the worker puts to), or, in a forked "
-                    "worker, a library's fork handler did (torch restarts one pool thread in every child of a "
-                    "process that called torch.set_num_threads; multiprocessing_context='spawn' avoids it). "
-                    "Cap pools (torch.set_num_threads(1), OMP_NUM_THREADS=1, TF/XLA thread options) or create "
-                    "them lazily outside the workers. Every worker's extra threads count against ulimit -u."
-                    + _NO_THREADPOOLCTL * (threadpoolctl is None),
-                    RuntimeWarning, stacklevel=3)
+                reserve.note_worker_threads(len(names))  # all of them are tasks
+                warnings.warn(self._report(worker_id, pid, len(names)), RuntimeWarning, stacklevel=3)
                 return
+
+    def _report(self, worker_id: int, pid: int, running: int) -> str:
+        """What the worker runs beyond its own thread, by runtime (``_budget.threads``), and what to do."""
+        from .threads import process_threads
+
+        groups: dict[str, collections.Counter[str]] = {}
+        for t in process_threads(pid):
+            if t.runtime != "main thread":
+                groups.setdefault(t.runtime, collections.Counter())[t.name] += 1
+        listed = "; ".join(
+            f"{runtime} x{sum(c.values())} (" + ", ".join(f"{n} x{k}" if k > 1 else n for n, k in c.most_common()) + ")"
+            for runtime, c in sorted(groups.items(), key=lambda g: -sum(g[1].values())))
+        known = all(runtime in runtimes.BY_NAME and sum(c.values()) - _housekeeping(["", *c.elements()])
+                    <= runtimes.BY_NAME[runtime].worker_threads for runtime, c in groups.items())
+        head = (f"spindle: worker {worker_id} (pid {pid}) runs {running} threads, over its lease of {self._lease}: "
+                f"{listed or 'threads gone before they could be named'}. ")
+        if groups and known:
+            return head + (
+                "These runtimes run that many threads at their least in every worker (docs/threads.md), more than "
+                f"this loader's start counted: the next loader started in this process counts {running} tasks per "
+                "worker. Every worker's threads count against ulimit -u.")
+        return head + (
+            "Dataset code started them in the worker (a thread pool, or a multiprocessing Queue's feeder thread: one "
+            "per Queue the worker puts to), or, in a forked worker, a library's fork handler did (torch restarts one "
+            "pool thread in every child of a process that called torch.set_num_threads; "
+            "multiprocessing_context='spawn' avoids it). Cap pools (torch.set_num_threads(1), OMP_NUM_THREADS=1, "
+            "TF/XLA thread options) or create them lazily outside the workers. Every worker's extra threads count "
+            "against ulimit -u." + _NO_THREADPOOLCTL * (threadpoolctl is None))

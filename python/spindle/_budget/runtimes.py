@@ -51,6 +51,10 @@ class Runtime:
     sized_at_import: bool = False
     """It sizes its pool when it is imported and has no call to change it (polars): loaded, it is
     already running at its size, threads seen or not."""
+    worker_threads: int = 0
+    """Threads it still runs in a worker at its cap, beside the worker's own, once used: pools that
+    have no zero setting and threads no variable stops (measured: ``docs/threads.md``). A worker's
+    lease counts them (``_budget.reserve.worker_lease``)."""
     threadpoolctl: str | None = None
     """threadpoolctl's name for it (``internal_api``): a native pool threadpoolctl sets once loaded."""
     limit: str = ""
@@ -194,15 +198,24 @@ RUNTIMES: tuple[Runtime, ...] = (
             cap=_cap_opencv, in_workers=False, limit="table",
             advice="cv2.setNumThreads(n) (any time), or OPENCV_FOR_THREADS_NUM=n before its first parallel call, "
                    "or spindle.limit_threads(n)"),
-    Runtime("Arrow", ("ARROW_IO_THREADS",), libraries=r"^libarrow", module="pyarrow", cap=_cap_pyarrow, limit="table",
+    # Its CPU and IO pools refuse a count of 0: one thread each, started by any read.
+    Runtime("Arrow", ("ARROW_IO_THREADS",), libraries=r"^libarrow", module="pyarrow", cap=_cap_pyarrow,
+            worker_threads=2, limit="table",
             advice="pyarrow.set_cpu_count(n) and pyarrow.set_io_thread_count(n) (any time; the CPU pool also "
                    "reads OMP_NUM_THREADS, the IO pool ARROW_IO_THREADS, at its start), or "
                    "spindle.limit_threads(n)"),
-    # polars's own jemalloc runs background threads; without them it purges inline.
-    Runtime("polars", ("POLARS_MAX_THREADS",), (("_RJEM_MALLOC_CONF", "background_thread:false"),),
-            libraries=r"^(_polars_runtime|polars)\.", thread_names=r"^(polars-|tokio-rt)", module="polars",
-            sized_at_import=True, limit="table",
-            advice="set POLARS_MAX_THREADS=n before polars is imported (it sizes its pool at import and has no "
+    # polars's own jemalloc runs background threads; without them it purges inline. At
+    # POLARS_MAX_THREADS=1, polars 2.1 still runs 4 threads once a query ran (its pool's polars-0, the
+    # tokio runtime's one worker: POLARS_ASYNC_THREAD_COUNT, the streaming engine's async-executor-0,
+    # and polars-ooc-cleaner, started at import with no switch), plus tokio blocking threads that file
+    # scans start on demand, up to POLARS_MAX_BLOCKING_THREAD_COUNT (default 512; at 1 polars warns of
+    # a possible deadlock, at 2 it does not).
+    Runtime("polars", ("POLARS_MAX_THREADS", "POLARS_ASYNC_THREAD_COUNT"),
+            (("_RJEM_MALLOC_CONF", "background_thread:false"), ("POLARS_MAX_BLOCKING_THREAD_COUNT", "2")),
+            libraries=r"^(_polars_runtime|polars)\.", thread_names=r"^(polars-|tokio-rt|async-executor)",
+            module="polars", sized_at_import=True, worker_threads=6, limit="table",
+            advice="set POLARS_MAX_THREADS=n (and POLARS_ASYNC_THREAD_COUNT=n, POLARS_MAX_BLOCKING_THREAD_COUNT "
+                   "for file scans) before polars is imported (it sizes its pool at import and has no "
                    "call to change it), or spindle.limit_threads(n) before importing polars; a forked child of "
                    "a process that ran a polars query deadlocks in its next one: use "
                    "multiprocessing_context='spawn' there"),

@@ -3,7 +3,8 @@
 C++ workers, forked or on arena threads).
 
 Both build the ``_core.LoaderOptions`` from the spec, with the short-budget policy the front end
-resolved, else the core's resolution (``$SPINDLE_BUDGET_POLICY``, else "shrink"), start the workers, and warn once
+resolved, else the core's resolution (``$SPINDLE_BUDGET_POLICY``, else "shrink"), start the workers with the
+consumer's reserve and the workers' runtime threads held back from the grant (``_budget.reserve``), and warn once
 (``ThreadBudgetWarning``) when the budget started fewer workers than asked. A front end only
 builds the spec. The spec's defaults are ``_core.LoaderOptions()``'s: the C++ core owns them.
 """
@@ -20,6 +21,7 @@ import numpy as np
 
 from .. import _core
 from .._budget.policy import warn_if_shrunk
+from .._budget.reserve import held_back
 from .forking import forked_worker, forking
 from .spawned import WorkerPayload, worker_argv, worker_env
 
@@ -135,11 +137,11 @@ def start(spec: StartSpec, body: Callable[[Any], Any], *, order: np.ndarray, sta
             if spec.pickle_warning is not None:
                 warnings.warn(spec.pickle_warning, stacklevel=stacklevel + 1)
             raise
-        with payload:
+        with payload, held_back(options.num_workers, options.budget_policy):
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    spawn_argv=worker_argv(), spawn_fds=payload.fds, spawn_env=worker_env())
     else:
-        with forking():
+        with forking(), held_back(options.num_workers, options.budget_policy):
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    worker_main=forked_worker(body))
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)
@@ -154,10 +156,11 @@ def start_pipeline(spec: StartSpec, pipeline: Any, *, order: np.ndarray, seed: i
     The same policy and warning as :func:`start`."""
     options = spec.options()
     if threads:
-        runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
-                                        seed=seed, epoch=epoch)
+        with held_back(options.num_workers, options.budget_policy):
+            runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
+                                            seed=seed, epoch=epoch)
     else:
-        with forking():
+        with forking(), held_back(options.num_workers, options.budget_policy):
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=False,
                                             seed=seed, epoch=epoch)
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)
