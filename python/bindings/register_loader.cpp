@@ -89,6 +89,10 @@ py::dict stats_dict(const LoaderStats& s) {
   d["ring_leased"] = s.ring_leased;
   d["bytes_fetched"] = s.bytes_fetched;
   d["copied_out"] = s.copied_out;
+  d["processes"] = s.processes;
+  d["max_processes"] = s.max_processes;
+  d["replaced"] = s.replaced;
+  d["resize_reason"] = s.resize_reason;
   py::list workers;
   for (const WorkerStats& w : s.workers) workers.append(worker_dict(w));
   d["workers"] = workers;
@@ -158,6 +162,9 @@ void register_loader(py::module_& m) {
       .def_readwrite("max_replacements", &LoaderOptions::max_replacements,
                      "Lost workers started again per epoch, their batches posted again (0: a death closes the "
                      "loader with WorkerDiedError; planned batches only).")
+      .def_readwrite("adaptive", &LoaderOptions::adaptive,
+                     "num_workers is the most processes (0: the core's choice); processes are added and "
+                     "retired as the consumer waits or the workers idle (planned batches any worker takes).")
       .def("__repr__", &describe);
 
   py::class_<Batch>(m, "Batch", py::buffer_protocol(),
@@ -220,6 +227,7 @@ void register_loader(py::module_& m) {
              o.budget_poll = budget_poll();
              o.on_stall = stall_warning();
              o.on_replaced = worker_replaced();
+             o.on_resized = processes_resized();
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, o.batch_capacity, drop_last, starts),
                                python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds),
@@ -295,6 +303,8 @@ void register_loader(py::module_& m) {
       .def_property_readonly("num_batches", &Loader::num_batches)
       .def_property_readonly("num_slots", &Loader::num_slots)
       .def_property_readonly("copied_out", &Loader::copied_out)
+      .def_property_readonly("processes", &Loader::processes,
+                             "Worker processes running now (adaptive: between 1 and plan.num_workers).")
       .def_property_readonly("replaced", &Loader::replaced,
                              "Workers started again in place of lost ones since the loader started.")
       .def("stats", &Loader::stats, py::call_guard<py::gil_scoped_release>(),

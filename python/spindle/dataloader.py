@@ -23,7 +23,7 @@ from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.sharing import check_share, share_for_workers
-from ._runtime.start import LOADER_DEFAULTS, StartSpec, replacements_for, start
+from ._runtime.start import AUTO_REPLACEMENTS, LOADER_DEFAULTS, StartSpec, replacements_for, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Progress, dataset_key, torch_imported
 from ._state.epoch_plan import EpochPlan
@@ -43,8 +43,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 # The arguments torch's DataLoader also takes are checked as torch checks them: the same
 # exception type and words (torch raises some of these only once iterated; here they are
 # raised at construction).
-def _check_num_workers(value: Any) -> int:
-    if value < 0:  # a str: TypeError from the comparison, as in torch
+def _check_num_workers(value: Any) -> int | str:
+    if value == "auto":
+        return value
+    if value < 0:  # another str: TypeError from the comparison, as in torch
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     return operator.index(value)  # 2.5: TypeError "'float' object cannot be interpreted as an integer"
 
@@ -101,6 +103,14 @@ class DataLoader(HasStats):
         batch_size: samples per batch.
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
+            ``"auto"``: spindle chooses, while batches flow: one process
+            starts, more are added while your loop waits for data and a core
+            is free, and one retires when the workers idle because your loop
+            sets the pace, or when the user's task budget runs short. The
+            batches are the same whatever the count (with ``seed``, also
+            their random draws). Each change is one INFO line (logger
+            "spindle") and shows in ``stats()`` ("processes",
+            "resize_reason"); docs/node_budget.md.
         seed: makes shuffling and the random draws reproducible: epoch ``e``
             shuffles with ``(seed, e)``, and before each batch the worker
             seeds ``random``, numpy's global generator (and torch's CPU
@@ -157,7 +167,7 @@ class DataLoader(HasStats):
             again and the batch it was producing is produced again: the epoch
             goes on with the same batches in the same order, one WARNING
             (logger "spindle") per loss. At most ``max(3, num_workers)``
-            per epoch, and a sample being produced at two losses is not tried
+            (8 with ``"auto"``) per epoch, and a sample being produced at two losses is not tried
             a third time: then ``WorkerDiedError`` names them
             (docs/reliability.md). ``"raise"``: the first loss raises.
 
@@ -272,11 +282,13 @@ class DataLoader(HasStats):
         return BatchSeeds(self._plan.entropy, epoch, torch_imported()) if self.seed is not None else None
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
-        spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.batch_size,
+        auto = self.num_workers == "auto"
+        spec = StartSpec(num_workers=0 if auto else self.num_workers, adaptive=auto, batch_capacity=self.batch_size,
                          max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
                          in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy,
-                         max_replacements=replacements_for(self.on_worker_death, self.num_workers))
+                         max_replacements=replacements_for(self.on_worker_death,
+                                                           AUTO_REPLACEMENTS if auto else self.num_workers))
         body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share, not spec.spawns),
                        transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),

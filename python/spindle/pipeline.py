@@ -36,7 +36,7 @@ import numpy as np
 from . import _core
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.start import LOADER_DEFAULTS, StartSpec, start_pipeline
+from ._runtime.start import AUTO_REPLACEMENTS, LOADER_DEFAULTS, StartSpec, replacements_for, start_pipeline
 from ._state.checkpoint import Progress
 from ._state.epoch_plan import EpochPlan
 from ._state.sharding import resolve_shard, shard_list
@@ -305,6 +305,11 @@ class PipelineLoader(HasStats):
     Args:
         pipeline: what to read and do.
         num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
+            ``"auto"`` (``mode="processes"``, not a WebDataset stream): one process starts, more
+            are added while your loop waits for batches and a core is free, and one retires when
+            the workers idle; the batches do not depend on it (``spindle.DataLoader``'s
+            ``num_workers="auto"``). A lost worker process is replaced (its batch made again,
+            at most ``max(3, num_workers)`` a epoch; docs/reliability.md).
         shuffle: a new permutation every epoch, from (seed, epoch).
         seed: makes order and augmentation reproducible; None draws fresh entropy per epoch.
         mode: "threads" (the default: no fork, the arena's threads in this process; the faster
@@ -348,7 +353,11 @@ class PipelineLoader(HasStats):
             raise ValueError(f"byte_fields must be 'list' or 'arrays', not {byte_fields!r}")
         if mode not in ("processes", "threads"):
             raise ValueError(f"mode must be 'processes' or 'threads', not {mode!r}")
-        _count(num_workers, "num_workers")
+        auto = isinstance(num_workers, str) and num_workers == "auto"
+        if auto and mode != "processes":
+            raise ValueError('num_workers="auto" needs mode="processes" (threads do not follow the machine yet)')
+        if not auto:
+            _count(num_workers, "num_workers")
         _count(prefetch_factor, "prefetch_factor")
         if not isinstance(shuffle, (bool, np.bool_)):
             raise TypeError(f"shuffle must be a bool, not {shuffle!r}")
@@ -359,7 +368,7 @@ class PipelineLoader(HasStats):
         if not timeout >= 0:
             raise ValueError(f"timeout should be non-negative, but got timeout={timeout!r}")
         self.pipeline = pipeline
-        self.num_workers = int(num_workers)
+        self.num_workers: int | str = "auto" if auto else int(num_workers)
         self.shuffle = bool(shuffle)
         self.seed = seed
         self.mode = mode
@@ -374,6 +383,9 @@ class PipelineLoader(HasStats):
                 pipeline, source=("webdataset", tuple(shard_list(list(pipeline.source[1]), self.shard, "shard files"))))
         self.byte_fields = byte_fields
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
+        if auto and self._native.streaming:
+            raise ValueError('num_workers="auto" needs a map-style source: a WebDataset stream\'s batches depend on '
+                             "its worker count")
         self._names = list(self._native.field_names)
         # The epochs' orders, their entropy, the length per rank and the checkpointed position.
         self._plan = EpochPlan(self._native, pipeline.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
@@ -421,9 +433,14 @@ class PipelineLoader(HasStats):
             order = order[skip * self.pipeline.batch_size:]  # resuming: the batches already handed out
             if len(order) == 0:
                 return iter(())
-        spec = StartSpec(num_workers=self.num_workers, batch_capacity=self.pipeline.batch_size,
+        auto = self.num_workers == "auto"
+        processes = self.mode == "processes" and not self._native.streaming  # a lost one is replaced
+        spec = StartSpec(num_workers=0 if auto else self.num_workers, adaptive=auto,
+                         batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
-                         budget_policy=self.budget_policy)
+                         budget_policy=self.budget_policy,
+                         max_replacements=replacements_for("replace" if processes else "raise",
+                                                           AUTO_REPLACEMENTS if auto else self.num_workers))
         runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
                                  threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")

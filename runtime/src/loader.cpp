@@ -42,7 +42,8 @@ Loader::Loader(const LoaderOptions& options, BatchPlan batches, Launcher launche
 void Loader::launch(Launcher& launcher) {
   const BatchRing ring = ring_->ring;
   const int segment_fd = ring_->segment.fd();  // inherited by the forks: slots grow through it
-  const int n = options_.num_workers;
+  // Adaptive: one process now, more as autoscale() finds them needed (up to options_.num_workers).
+  const int n = running_.load();
   switch (launcher.kind()) {
     case Launcher::Kind::kFork: {
       const pid_t consumer = getpid();
@@ -68,11 +69,11 @@ void Loader::launch(Launcher& launcher) {
     }
     case Launcher::Kind::kZygote:
       pool_ = std::make_unique<WorkerPool>(n, zygote_workers(*launcher.zygote_, launcher.zygote_main_, segment_fd));
-      leases_->ledger.started(plan_.num_workers);
+      leases_->ledger.started(n);
       return;
     case Launcher::Kind::kSpawn:
       pool_ = std::make_unique<WorkerPool>(n, spawned_workers(launcher.spawn_, segment_fd));
-      leases_->ledger.started(plan_.num_workers);
+      leases_->ledger.started(n);
       return;
     case Launcher::Kind::kThreads: {
       const pid_t parent = getppid();  // a worker thread stops if this process is orphaned, as a forked one does
@@ -90,6 +91,15 @@ void Loader::launch(Launcher& launcher) {
 
 void Loader::prepare(bool threads) {
   const LoaderOptions& options = options_;
+  if (options.adaptive) {
+    if (options.round_robin || options.assign_in_turn || threads)
+      SPINDLE_THROW(std::invalid_argument, "spindle: adaptive processes need planned batches that any worker may take: "
+                                           "not round_robin, assign_in_turn or worker threads");
+    if (options.num_workers == 0) {  // the core's choice of the most processes
+      BudgetSources sources = options.budget_sources;
+      options_.num_workers = std::min(kAutoMax, kAutoPerCpu * ThreadBudget(sources).cpus());
+    }
+  }
   if (options.num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
                                              std::to_string(options.num_workers) + ")");
@@ -133,6 +143,13 @@ void Loader::prepare(bool threads) {
   leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
+  running_.store(options.adaptive ? 1 : plan_.num_workers);
+  live_.assign(static_cast<std::size_t>(plan_.num_workers), 0);
+  std::fill(live_.begin(), live_.begin() + running_.load(), 1);
+  if (options.adaptive) {
+    auto_ = std::make_unique<AutoScale>();
+    auto_->cpus = ThreadBudget(sources).cpus();
+  }
   const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
   logical_ = static_cast<uint32_t>(logical ? requested_workers_ : plan_.num_workers);
   if (logical && !budget_note_.empty()) {
@@ -153,7 +170,9 @@ void Loader::prepare(bool threads) {
   leases_->arena = Arena::global().lease(plan_.arena_threads + (threads ? plan_.num_workers : 0));
 
   const auto nw = static_cast<uint32_t>(options.num_workers);
-  inflight_target_ = inflight_target(std::numeric_limits<std::size_t>::max());  // no ring yet: it is sized from this
+  // No ring yet: it is sized from the most processes' target; the target is that of those running.
+  const uint32_t most = inflight_target(std::numeric_limits<std::size_t>::max(), options_.num_workers);
+  inflight_target_ = inflight_target(most, running_.load());
   active_.assign(logical_, true);
   outstanding_.assign(logical_, 0);
   // Checked against the workers asked for; with fewer processes (kShrink) and
@@ -162,7 +181,7 @@ void Loader::prepare(bool threads) {
   // Two slots beyond what is in flight: the batch the user is working on and
   // one more they may keep, before copy-out kicks in.
   RingGeometry g;
-  g.num_slots = inflight_target_ + 2;
+  g.num_slots = most + 2;
   g.num_workers = nw;
   g.batch_capacity = options.batch_capacity;
   g.slot_bytes = options.slot_bytes;
@@ -210,14 +229,15 @@ void Loader::reset(BatchPlan batches) {
   replaced_epoch_ = 0;
   deaths_.clear();
   samples_seen_ = samples_skipped_ = 0;
-  inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2);
+  inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2, running_.load());
   post_more();
 }
 
-uint32_t Loader::inflight_target(std::size_t room) const noexcept {
-  // num_workers * prefetch_factor batches in flight (the plan's workers: after a shrink, fewer), no more
-  // than the epoch has (streams and fed plans: not known up front) or the ring has room for, at least one.
-  const auto want = static_cast<std::size_t>(options_.num_workers) * static_cast<std::size_t>(options_.prefetch_factor);
+uint32_t Loader::inflight_target(std::size_t room, int workers) const noexcept {
+  // workers * prefetch_factor batches in flight (the processes: after a shrink, fewer; adaptive, those
+  // running), no more than the epoch has (streams and fed plans: not known up front) or the ring has
+  // room for, at least one.
+  const auto want = static_cast<std::size_t>(workers) * static_cast<std::size_t>(options_.prefetch_factor);
   const std::size_t known = options_.round_robin || options_.fed ? want : batches_.size();
   return static_cast<uint32_t>(std::max<std::size_t>(1, std::min({want, known, room})));
 }
@@ -300,13 +320,7 @@ void Loader::reset_streams(int first_worker, std::vector<std::string> messages) 
 }
 
 void Loader::start() {
-  {
-    std::lock_guard lock(pids_mu_);
-    if (pool_) {
-      pids_ = pool_->pids();
-      exits_ = pool_->exits();
-    }
-  }
+  if (pool_) refresh_pids();
   last_check_ = std::chrono::steady_clock::now();
   post_more();
 }
@@ -422,7 +436,22 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
       check_skips(/*final=*/true);
       return std::nullopt;
     }
-    const auto got = wait_for_delivery(poll);
+    if (auto_) wait_began_ = std::chrono::steady_clock::now();
+    const auto got = [&] {
+      struct Waited {  // next() waits no more, however wait_for_delivery ends
+        Loader& l;
+        ~Waited() {
+          if (l.auto_) {
+            l.auto_->waited_ns += static_cast<uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                     std::max(l.wait_began_, l.auto_->since))
+                    .count());
+            l.wait_began_ = {};
+          }
+        }
+      } waited{*this};
+      return wait_for_delivery(poll);
+    }();
     if (!got) return std::nullopt;  // closed meanwhile
     s = *got;
     ++delivered_;
@@ -485,6 +514,7 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
     post_more();
   }
   if (options_.stats) record_wait(entered, h.count, h.skipped);
+  if (auto_) autoscale();
   return batch;
 }
 

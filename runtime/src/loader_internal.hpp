@@ -10,7 +10,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace spindle {
@@ -35,6 +37,20 @@ struct LoaderLeases {
   // started, then only the arena threads; given back by close(), once the
   // workers are reaped.
   LedgerLease ledger;
+};
+
+// Adaptive processes (LoaderOptions::adaptive, loader_autoscale.cpp): what one
+// window measured from, and the controller's state.
+struct AutoScale {
+  std::chrono::steady_clock::time_point since{};  // the window's start
+  uint64_t waited_ns = 0;           // next() blocked during the window
+  uint64_t consumer_ticks = 0;      // this process's CPU clock ticks at `since`
+  uint64_t worker_ticks = 0;        // the workers' (those running at `since`)
+  uint64_t busy_ns = 0;             // the workers' busy time (claim to publish) at `since`
+  int cpus = 1;                     // usable cpus (affinity, cgroup cpu.max)
+  int idle_windows = 0;             // windows in a row with the workers idle and next() not waiting
+  std::chrono::steady_clock::time_point budget_checked{};
+  std::string reason;               // the last change's line
 };
 
 }  // namespace spindle

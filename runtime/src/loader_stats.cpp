@@ -65,6 +65,12 @@ void LoaderStats::merge(const LoaderStats& o) {
   wait.merge(o.wait);
   bytes_fetched += o.bytes_fetched;
   copied_out += o.copied_out;
+  replaced += o.replaced;
+  if (max_processes == 0) {  // an ended epoch's, folded into an empty total: its processes at the end
+    processes = o.processes;
+    max_processes = o.max_processes;
+  }
+  if (resize_reason.empty()) resize_reason = o.resize_reason;
   for (const WorkerStats& w : o.workers) {
     auto it = std::find_if(workers.begin(), workers.end(), [&](const WorkerStats& m) { return m.worker == w.worker; });
     if (it == workers.end()) {
@@ -109,6 +115,10 @@ LoaderStats Loader::stats() const {
     }
   }
   out.copied_out = copied_out_;
+  out.processes = running_.load();
+  out.max_processes = options_.num_workers;
+  out.replaced = replaced_total_;
+  out.resize_reason = resize_reason();
   const int64_t now = monotonic_ns();
   std::lock_guard lock(stats_mu_);  // baseline_
   for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {

@@ -130,8 +130,10 @@ std::string Loader::describe_holder(uint32_t slot) const {
   if (r.state(slot) == SlotState::kPosted) {
     std::string who;
     for (uint32_t w = 0; w < static_cast<uint32_t>(options_.num_workers); ++w) {
+      if (live_[w] == 0) continue;  // adaptive: not running
       const pid_t pid = r.worker(w).pid.load();
-      who += (w ? ", " : "") + std::to_string(w) + (pid == 0 ? std::string(" starting") : " (pid " + std::to_string(pid) + ") " + process_state(pid));
+      who += (who.empty() ? "" : ", ") + std::to_string(w) +
+             (pid == 0 ? std::string(" starting") : " (pid " + std::to_string(pid) + ") " + process_state(pid));
     }
     return "not yet claimed by a worker (workers: " + who + ")";
   }
@@ -146,7 +148,7 @@ std::string Loader::describe_holder(uint32_t slot) const {
 bool Loader::workers_started() const noexcept {
   const BatchRing& r = ring_->ring;
   for (uint32_t w = 0; w < r.geometry().num_workers; ++w)
-    if (r.worker(w).pid.load(std::memory_order_relaxed) == 0) return false;
+    if (live_[w] != 0 && r.worker(w).pid.load(std::memory_order_relaxed) == 0) return false;
   return true;
 }
 
@@ -177,6 +179,7 @@ void Loader::check_workers() {
     std::lock_guard lock(pids_mu_);
     exits_ = pool_->exits();
   }
+  if (retired(*e)) return;
   const WorkerRecord& rec = ring_->ring.worker(static_cast<uint32_t>(e->worker_id));
   const int64_t batch = rec.batch_id.load();
   std::optional<int64_t> batch_field, sample_field;
@@ -286,8 +289,14 @@ void Loader::restart(int worker) {
     unstarted_.push_back(worker);  // a signal to raise first (the fork hooks): tried again at the next check
     throw;
   }
+  refresh_pids();
+}
+
+void Loader::refresh_pids() {
   std::lock_guard lock(pids_mu_);
-  pids_ = pool_->pids();
+  pids_.clear();
+  for (std::size_t w = 0; w < pool_->pids().size(); ++w)
+    if (live_[w] != 0) pids_.push_back(pool_->pids()[w]);
   exits_ = pool_->exits();
 }
 
@@ -332,6 +341,7 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
     if (now - last_check_ >= kSupervisePeriod) {
       last_check_ = now;
       check_workers();
+      if (auto_ && wait_began_ != std::chrono::steady_clock::time_point{}) autoscale();  // next() waits
       if (poll) poll();
     }
     if (!warned && options_.stall_warning.count() > 0 && !workers_started()) stall_from = now;

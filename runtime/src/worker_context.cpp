@@ -166,7 +166,7 @@ std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring().queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring().worker(worker_id_);
   for (;;) {
-    if (q.is_closed()) return std::nullopt;
+    if (q.is_closed() || rec.retire.load(std::memory_order_acquire)) return std::nullopt;
     // rec.slot names the item before the queue's CAS and h.worker before the slot's: a worker that
     // dies at any instruction leaves its item findable (Loader::recover_item). The slot's CAS fails
     // only if the consumer took the item back from a lost worker first; it posts it again.

@@ -400,6 +400,14 @@ void WorkerPool::restart(int w) {
   exits_[i].reset();
 }
 
+int WorkerPool::add(int limit) {
+  const int w = size();
+  pids_.push_back(processes_->start(w, limit));  // nothing recorded if it throws
+  reaped_.push_back(false);
+  exits_.emplace_back();
+  return w;
+}
+
 bool WorkerPool::reap_all(std::chrono::steady_clock::time_point deadline) noexcept {
   for (;;) {
     bool all = true;

@@ -83,12 +83,12 @@ ForkHooks interpreter_fork_hooks() {
                    },
                    [state, around] {
                      PyOS_AfterFork_Parent();
-                     pthread_sigmask(SIG_UNBLOCK, &state->blocked, nullptr);
-                     try {
+                     try {  // before the signals are unblocked: a handler must not run in here (it is lost)
                        around("leave_fork");
                      } catch (py::error_already_set& e) {
                        e.discard_as_unraisable("spindle: leaving a fork");
                      }
+                     pthread_sigmask(SIG_UNBLOCK, &state->blocked, nullptr);
                      PyGILState_Release(state->gil);
                    },
                    [state] {
@@ -119,6 +119,13 @@ std::function<void(const std::string&)> worker_replaced() {
   return [](const std::string& message) {
     py::gil_scoped_acquire gil;
     py::module_::import("spindle._runtime.failures").attr("worker_replaced")(message);
+  };
+}
+
+std::function<void(const std::string&)> processes_resized() {
+  return [](const std::string& message) {
+    py::gil_scoped_acquire gil;
+    py::module_::import("logging").attr("getLogger")("spindle").attr("info")("%s", message);
   };
 }
 

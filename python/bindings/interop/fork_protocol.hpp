@@ -26,4 +26,7 @@ std::function<void(const std::string&)> stall_warning();
 // LoaderOptions::on_replaced, called without the GIL: one line to
 // spindle._runtime.failures.worker_replaced (logged at WARNING).
 std::function<void(const std::string&)> worker_replaced();
+// LoaderOptions::on_resized, called without the GIL: one INFO line on the
+// "spindle" logger per change of the processes.
+std::function<void(const std::string&)> processes_resized();
 }  // namespace spindle::python

@@ -43,6 +43,8 @@ PICKLE_ERROR_WORDS = (
 
 
 ON_WORKER_DEATH = ("replace", "raise")
+AUTO_REPLACEMENTS = 8
+"""The workers counted for the replacements of a loader with num_workers="auto"."""
 
 
 def replacements_for(on_worker_death: str, num_workers: int) -> int:
@@ -85,6 +87,7 @@ class StartSpec:
     timeout: float = _DEFAULTS.timeout
     max_threads: Optional[int] = _DEFAULTS.max_threads
     max_replacements: int = _DEFAULTS.max_replacements
+    adaptive: bool = _DEFAULTS.adaptive
     budget_policy: Optional[str] = None
     start_method: str = "fork"
     pickle_warning: Optional[str] = PICKLE_ERROR_WORDS

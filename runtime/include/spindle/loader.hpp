@@ -33,6 +33,11 @@
 
 namespace spindle {
 
+// Adaptive processes (LoaderOptions::adaptive): the most processes the core
+// chooses when num_workers is 0, per usable cpu and in all.
+inline constexpr int kAutoPerCpu = 8;
+inline constexpr int kAutoMax = 64;
+
 struct LoaderOptions {
   int num_workers = 1;
   uint32_t batch_capacity = 1;   // max samples per batch
@@ -106,12 +111,26 @@ struct LoaderOptions {
   // death is always fatal. The batches and their order are those of a run
   // without the death; per-worker state (a random generator) starts again.
   int max_replacements = 0;
+  // Adaptive processes (Python's num_workers="auto"): num_workers is the most
+  // processes (0: the core's choice, kAutoPerCpu per usable cpu, at most
+  // kAutoMax, then what the budget grants). One process starts; the loader
+  // adds processes while next() waits for data and a core is free, and
+  // retires one (at its next claim, never mid-batch) when the workers idle
+  // because the consumer sets the pace, or when the user's task budget runs
+  // short (loader_autoscale.cpp). Only where any worker may take any batch:
+  // planned batches, neither round_robin nor assign_in_turn, forked or
+  // spawned processes; which process produces a batch never changes it.
+  bool adaptive = false;
+  // One line per change of the processes, with its reason (empty: none).
+  // Called from the thread in next().
+  std::function<void(const std::string&)> on_resized;
   // One line per replacement (empty: on stderr); called from the thread in
   // next() and may throw to leave it (the replacement has happened).
   std::function<void(const std::string&)> on_replaced;
 };
 
 struct RingStorage;  // the segment + ring, shared by the loader and its leases
+struct AutoScale;    // adaptive processes' measurements (loader_internal.hpp)
 struct LoaderLeases;  // the loader's shares of the arena and of the node's budget
 namespace detail {
 class WorkerPool;
@@ -251,6 +270,10 @@ class Loader {
   // started; and this epoch.
   int64_t replaced() const noexcept { return replaced_total_; }
   int replaced_this_epoch() const noexcept { return replaced_epoch_; }
+  // Processes running now (not retiring); plan().num_workers is the most (LoaderOptions::adaptive).
+  int processes() const noexcept { return running_.load(std::memory_order_relaxed); }
+  // The last change of the processes and why ("" before the first).
+  std::string resize_reason() const;
   // Counts since the loader started or reset_stats() (loader_stats.hpp), and
   // the ring's and workers' state now. Safe from any thread, also while
   // next() waits, and after close().
@@ -269,9 +292,9 @@ class Loader {
   // Batches remain to be posted (planned ones not yet posted, open streams; with fed_pending, also
   // a fed loader whose feed has not ended).
   bool more_to_post(bool fed_pending) const;
-  // The batches kept in flight: num_workers * prefetch_factor, within the epoch's batches and `room`
+  // The batches kept in flight: workers * prefetch_factor, within the epoch's batches and `room`
   // (the ring's slots less the two kept for the user). The one place the target is computed.
-  uint32_t inflight_target(std::size_t room) const noexcept;
+  uint32_t inflight_target(std::size_t room, int workers) const noexcept;
   void drain_inflight();
   void stop_workers(std::chrono::milliseconds grace) noexcept;
   std::optional<uint32_t> wait_for_delivery(const std::function<void()>& poll);
@@ -280,6 +303,15 @@ class Loader {
   void replace_lost(const WorkerExit& e, const std::string& died, std::optional<int64_t> sample, int64_t batch);
   void post_again(uint32_t slot);
   void restart(int worker);
+  // Adaptive processes (loader_autoscale.cpp): called at each delivery and supervision tick;
+  // adds or retires processes once per window.
+  void autoscale();
+  void add_processes(int n, const std::string& why);
+  void retire_process(const std::string& why);
+  // A retiring worker that exited at its claim: true (not a loss).
+  bool retired(const WorkerExit& e);
+  // pids_ and exits_ from the pool: the pids of the processes running (adaptive: not those retired).
+  void refresh_pids();
   [[noreturn]] void fail_closed(const std::string& message, bool timeout);
   [[noreturn]] void fail_closed(const WorkerDiedError& died);
   void check_skips(bool final);
@@ -309,6 +341,11 @@ class Loader {
   int replaced_epoch_ = 0;
   std::vector<std::pair<int64_t, std::string>> deaths_;  // this epoch: the sample at each death (-1: none), its text
   std::vector<int> unstarted_;  // lost workers whose replacement could not start yet (tried again)
+  // Adaptive processes: per worker id, 1 while it runs, 2 while it retires, 0 when not running.
+  std::vector<uint8_t> live_;
+  std::atomic<int> running_{0};
+  std::unique_ptr<AutoScale> auto_;  // the controller's window (loader_internal.hpp)
+  std::chrono::steady_clock::time_point wait_began_{};  // next() has waited since (epoch: not waiting)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
   std::vector<bool> active_;        // round-robin: workers whose stream has not ended
   std::vector<bool> restart_;       // round-robin: workers whose next item starts a new stream

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace spindle {
@@ -59,6 +60,12 @@ struct LoaderStats {
   uint32_t ring_slots = 0, ring_ready = 0, ring_in_flight = 0, ring_leased = 0;
   uint64_t bytes_fetched = 0;  // the workers' sum
   int64_t copied_out = 0;
+  // Worker processes running now, the most (LoaderOptions::adaptive; else the same), the workers
+  // started again in place of lost ones since the loader started, and the last change of the
+  // processes with its reason ("" if none).
+  int processes = 0, max_processes = 0;
+  int64_t replaced = 0;
+  std::string resize_reason;
   std::vector<WorkerStats> workers;
 
   // Adds `other`'s counts (an earlier epoch's loader); keeps this one's ring and workers' state.

@@ -125,6 +125,9 @@ struct alignas(kCacheLine) WorkerRecord {
   std::atomic<uint64_t> samples{0};        // samples of the batches it published
   std::atomic<uint64_t> bytes_fetched{0};  // bytes its streamed source fetched
   std::atomic<int64_t> busy_since_ns{0};   // CLOCK_MONOTONIC of its current claim; 0: idle
+  // Set by the consumer (adaptive processes, Loader::retire): the worker exits at its next claim,
+  // never with an item in hand. Cleared by the consumer before it starts another process as w.
+  std::atomic<int32_t> retire{0};
 };
 static_assert(sizeof(WorkerRecord) == kCacheLine, "one worker record per cache line");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "worker counters are shared across processes");

@@ -95,6 +95,9 @@ class IndexQueue {
     detail::futex_wait(&posted_, p, timeout);
   }
 
+  // Wakes every sleeping claimer (one was asked to retire: WorkerRecord::retire).
+  void wake_all() noexcept { detail::futex_wake(&posted_); }
+
   void close() noexcept {
     closed_.store(1, std::memory_order_release);
     // Sleepers wake and see `closed`; a worker that checks just before the

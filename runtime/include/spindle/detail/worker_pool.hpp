@@ -87,6 +87,9 @@ class WorkerPool {
   // queue, record and id are the new process's). Throws as start() does; the
   // worker then stays reaped.
   void restart(int w);
+  // Starts one more worker, numbered size() (of at most `limit`, for the
+  // messages); returns its number. Throws as start() does.
+  int add(int limit);
   // Waits up to `grace` for every worker to exit, then SIGKILLs the rest and
   // reaps them. Idempotent.
   void shutdown(std::chrono::milliseconds grace) noexcept;

@@ -1,0 +1,219 @@
+// Loader, adaptive processes (LoaderOptions::adaptive, Python's num_workers="auto"):
+// the controller that adds and retires worker processes while batches flow,
+// and the retirement protocol. Which process produces a batch never changes
+// the batch (any worker may take any item), so only the speed follows it.
+//
+// Each window (kWindow) measures what next() waited, the CPU the workers and
+// this process used, and how busy the workers were (claim to publish):
+//   - next() waited more than kGrowWait of the window and a core is free:
+//     more processes, as many as the free cores hold at the workers' CPU per
+//     process, at most doubling (four times while next() waits most of the
+//     window: I/O-bound workers use little CPU, and the first windows count);
+//   - next() hardly waited and the workers were busy less than kIdleBusy of
+//     their time for kIdleWindows windows: the consumer sets the pace, so one
+//     process retires;
+//   - the user's task budget (ulimit -u, the cgroup's pids.max) has fewer
+//     than ThreadBudget::kReserve tasks free: processes retire until it has,
+//     before a pthread_create anywhere fails (checked every kBudgetPeriod).
+// A retiring worker exits at its next claim (WorkerRecord::retire): never with
+// a batch in hand. Each change is one line to on_resized, with its numbers.
+#include <spindle/loader.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <system_error>
+
+#include <spindle/detail/worker_pool.hpp>
+#include <spindle/procfs.hpp>
+
+#include "loader_internal.hpp"
+
+namespace spindle {
+using detail::BatchRing;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kWindow = std::chrono::milliseconds(100);
+constexpr auto kBudgetPeriod = std::chrono::seconds(1);
+constexpr double kGrowWait = 0.05;   // next() waited more than this share of the window
+constexpr double kFreeCore = 0.5;    // cores left idle that count as a free core
+constexpr double kIdleWait = 0.02;   // next() waited less than this share...
+constexpr double kIdleBusy = 0.5;    // ...and the workers were busy less than this share of their time
+constexpr int kIdleWindows = 5;      // for this many windows in a row
+constexpr double kFastWait = 0.5;    // waited more than this: up to four times the processes at once
+
+uint64_t cpu_ticks(pid_t pid) {
+  try {
+    const auto st = procfs::read_stat(pid);
+    return st ? st->utime + st->stime : 0;
+  } catch (const std::exception&) {
+    return 0;  // gone meanwhile: its time is not counted
+  }
+}
+
+std::string fixed(double v, int digits = 1) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+std::string Loader::resize_reason() const {
+  std::lock_guard lock(pids_mu_);
+  return auto_ ? auto_->reason : std::string();
+}
+
+void Loader::autoscale() {
+  AutoScale& a = *auto_;
+  const auto now = Clock::now();
+  const BatchRing& r = ring_->ring;
+  auto measure = [&] {
+    a.since = now;
+    a.waited_ns = 0;
+    a.consumer_ticks = cpu_ticks(getpid());
+    a.worker_ticks = a.busy_ns = 0;
+    for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+      if (live_[w] != 1) continue;
+      a.worker_ticks += cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
+      a.busy_ns += r.worker(w).busy_ns.load(std::memory_order_relaxed);
+    }
+  };
+  if (a.since == Clock::time_point{}) return measure();  // the first window starts
+  const auto window = now - a.since;
+  if (window < kWindow || closed()) return;
+
+  const int running = running_.load();
+  if (now - a.budget_checked >= kBudgetPeriod) {
+    a.budget_checked = now;
+    BudgetSources sources = options_.budget_sources;
+    const int64_t free = ThreadBudget(sources).budget();
+    if (free < ThreadBudget::kReserve && running > 1) {
+      const auto n = static_cast<int>(std::min<int64_t>(running - 1, ThreadBudget::kReserve - free));
+      for (int i = 0; i < n; ++i)
+        retire_process(std::to_string(free) + " task" + (free == 1 ? "" : "s") +
+                       " of the user's budget left (ulimit -u, the cgroup's pids.max): fewer processes before a "
+                       "thread cannot start");
+      return measure();
+    }
+  }
+
+  const double seconds = std::chrono::duration<double>(window).count();
+  uint64_t waited = a.waited_ns;
+  if (wait_began_ != Clock::time_point{})
+    waited += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - std::max(wait_began_, a.since)).count());
+  const double wait_share = static_cast<double>(waited) / 1e9 / seconds;
+  const double tck = static_cast<double>(procfs::clock_ticks_per_second());
+  uint64_t worker_ticks = 0, busy_ns = 0;
+  for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+    if (live_[w] != 1) continue;
+    worker_ticks += cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
+    busy_ns += r.worker(w).busy_ns.load(std::memory_order_relaxed);
+  }
+  // A process started or retired during the window makes these rough: the next window is clean.
+  const double worker_cores = static_cast<double>(worker_ticks > a.worker_ticks ? worker_ticks - a.worker_ticks : 0) / tck / seconds;
+  const uint64_t consumer_now = cpu_ticks(getpid());
+  const double consumer_cores =
+      static_cast<double>(consumer_now > a.consumer_ticks ? consumer_now - a.consumer_ticks : 0) / tck / seconds;
+  const double free_cores = a.cpus - worker_cores - consumer_cores;
+  const double busy_share =
+      static_cast<double>(busy_ns > a.busy_ns ? busy_ns - a.busy_ns : 0) / 1e9 / seconds / std::max(1, running);
+
+  const int most = options_.num_workers;
+  if (wait_share > kGrowWait && running < most && free_cores >= kFreeCore) {
+    a.idle_windows = 0;
+    const double per_process = worker_cores / std::max(1, running);
+    const int fit = per_process > 0.01 ? static_cast<int>(std::floor(free_cores / per_process)) : most;
+    const int step = wait_share > kFastWait ? 3 * running : running;  // to 4x, or 2x
+    const int n = std::clamp(std::min(fit, step), 1, most - running);
+    add_processes(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
+                         " s with " + fixed(free_cores) + " of " + std::to_string(a.cpus) + " cores free");
+  } else if (wait_share < kIdleWait && busy_share < kIdleBusy && running > 1) {
+    if (++a.idle_windows >= kIdleWindows) {
+      a.idle_windows = 0;
+      retire_process("the workers were busy " + fixed(100 * busy_share, 0) + "% of their time and next() waited " +
+                     fixed(100 * wait_share, 0) + "% for " + std::to_string(kIdleWindows) +
+                     " windows: the consumer sets the pace");
+    }
+  } else {
+    a.idle_windows = 0;
+  }
+  measure();
+}
+
+void Loader::add_processes(int n, const std::string& why) {
+  const int before = running_.load();
+  int added = 0;
+  std::string failed;
+  for (int i = 0; i < n; ++i) {
+    // The lowest number not running and reaped (a retiring one may still be finishing).
+    std::size_t w = 0;
+    while (w < live_.size() && (live_[w] != 0 || (w < pool_->exits().size() && !pool_->exits()[w]))) ++w;
+    if (w == live_.size()) break;
+    const BatchRing& r = ring_->ring;
+    r.worker(static_cast<uint32_t>(w)).retire.store(0, std::memory_order_release);
+    r.worker(static_cast<uint32_t>(w)).pid.store(0, std::memory_order_relaxed);
+    try {
+      if (w < static_cast<std::size_t>(pool_->size())) pool_->restart(static_cast<int>(w));
+      else pool_->add(options_.num_workers);
+    } catch (const std::system_error& e) {
+      failed = std::string("; no more: ") + e.what();  // the limit reached meanwhile: stop growing, go on
+      break;
+    }  // anything else (a signal to raise, from the fork hooks) leaves next() with the processes as they are
+    live_[w] = 1;
+    ++added;
+    running_.fetch_add(1);
+  }
+  if (added == 0 && failed.empty()) return;
+  refresh_pids();
+  inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2, running_.load());
+  post_more();
+  const std::string line = "spindle: " + std::to_string(before) + " -> " + std::to_string(running_.load()) +
+                           " worker processes (at most " + std::to_string(options_.num_workers) + "): " + why + failed + ".";
+  {
+    std::lock_guard lock(pids_mu_);
+    auto_->reason = line;
+  }
+  if (options_.on_resized) options_.on_resized(line);
+}
+
+void Loader::retire_process(const std::string& why) {
+  const int before = running_.load();
+  if (before <= 1) return;
+  std::size_t w = live_.size();
+  while (w > 0 && live_[w - 1] != 1) --w;  // the highest running number retires
+  if (w == 0) return;
+  --w;
+  const BatchRing& r = ring_->ring;
+  r.worker(static_cast<uint32_t>(w)).retire.store(1, std::memory_order_release);
+  live_[w] = 2;
+  running_.fetch_sub(1);
+  r.queue(0).wake_all();  // a sleeping claimer sees its flag now
+  inflight_target_ = inflight_target(r.geometry().num_slots - 2, running_.load());
+  const std::string line = "spindle: " + std::to_string(before) + " -> " + std::to_string(running_.load()) +
+                           " worker processes (at most " + std::to_string(options_.num_workers) + "): " + why + ".";
+  {
+    std::lock_guard lock(pids_mu_);
+    auto_->reason = line;
+  }
+  if (options_.on_resized) options_.on_resized(line);
+}
+
+bool Loader::retired(const WorkerExit& e) {
+  const auto w = static_cast<std::size_t>(e.worker_id);
+  if (w >= live_.size() || live_[w] != 2) return false;
+  // A retiring worker exits at its claim, with nothing in hand; one killed meanwhile may hold an item.
+  const BatchRing& r = ring_->ring;
+  const int32_t s = r.worker(static_cast<uint32_t>(w)).slot.load(std::memory_order_acquire);
+  if (s >= 0 && r.state(static_cast<uint32_t>(s)) == detail::SlotState::kFilling &&
+      r.slot(static_cast<uint32_t>(s)).worker == e.worker_id)
+    post_again(static_cast<uint32_t>(s));
+  r.worker(static_cast<uint32_t>(w)).slot.store(-1, std::memory_order_relaxed);
+  r.worker(static_cast<uint32_t>(w)).batch_id.store(-1, std::memory_order_relaxed);
+  live_[w] = 0;
+  refresh_pids();
+  return true;
+}
+
+}  // namespace spindle
