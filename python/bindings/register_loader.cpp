@@ -165,6 +165,8 @@ void register_loader(py::module_& m) {
       .def_readwrite("adaptive", &LoaderOptions::adaptive,
                      "num_workers is the most processes (0: the core's choice); processes are added and "
                      "retired as the consumer waits or the workers idle (planned batches any worker takes).")
+      .def_readwrite("reserve_tasks", &LoaderOptions::reserve_tasks,
+                     "Adaptive: tasks of the user's budget kept free for the consumer's own threads.")
       .def("__repr__", &describe);
 
   py::class_<Batch>(m, "Batch", py::buffer_protocol(),

@@ -5,7 +5,9 @@
 //
 // Each window (kWindow) measures what next() waited, the CPU the workers and
 // this process used, and how busy the workers were (claim to publish):
-//   - next() waited more than kGrowWait of the window and a core is free:
+//   - next() waited more than kGrowWait of the window and a core is free (of
+//     this loader's cpus, and idle on the machine: other programs count), or
+//     the workers use little CPU each (kIoBound: they wait on I/O):
 //     more processes, as many as the free cores hold at the workers' CPU per
 //     process, at most doubling (four times while next() waits most of the
 //     window: I/O-bound workers use little CPU, and the first windows count);
@@ -13,8 +15,10 @@
 //     their time for kIdleWindows windows: the consumer sets the pace, so one
 //     process retires;
 //   - the user's task budget (ulimit -u, the cgroup's pids.max) has fewer
-//     than ThreadBudget::kReserve tasks free: processes retire until it has,
-//     before a pthread_create anywhere fails (checked every kBudgetPeriod).
+//     than LoaderOptions::reserve_tasks free (the consumer's own threads grew:
+//     a checkpoint, an eval): processes retire until it has, before a
+//     pthread_create anywhere fails (checked every kBudgetPeriod); and no
+//     process is added that would leave fewer.
 // A retiring worker exits at its next claim (WorkerRecord::retire): never with
 // a batch in hand. Each change is one line to on_resized, with its numbers.
 #include <spindle/loader.hpp>
@@ -38,6 +42,7 @@ constexpr auto kWindow = std::chrono::milliseconds(100);
 constexpr auto kBudgetPeriod = std::chrono::seconds(1);
 constexpr double kGrowWait = 0.05;   // next() waited more than this share of the window
 constexpr double kFreeCore = 0.5;    // cores left idle that count as a free core
+constexpr double kIoBound = 0.25;    // a process using less CPU than this mostly waits (I/O): one more costs little
 constexpr double kIdleWait = 0.02;   // next() waited less than this share...
 constexpr double kIdleBusy = 0.5;    // ...and the workers were busy less than this share of their time
 constexpr int kIdleWindows = 5;      // for this many windows in a row
@@ -49,6 +54,14 @@ uint64_t cpu_ticks(pid_t pid) {
     return st ? st->utime + st->stime : 0;
   } catch (const std::exception&) {
     return 0;  // gone meanwhile: its time is not counted
+  }
+}
+
+uint64_t idle_ticks() {
+  try {
+    return procfs::idle_cpu_ticks().value_or(0);
+  } catch (const std::exception&) {
+    return 0;
   }
 }
 
@@ -73,6 +86,7 @@ void Loader::autoscale() {
     a.since = now;
     a.waited_ns = 0;
     a.consumer_ticks = cpu_ticks(getpid());
+    a.idle_ticks = idle_ticks();
     a.worker_ticks = a.busy_ns = 0;
     for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
       if (live_[w] != 1) continue;
@@ -85,16 +99,20 @@ void Loader::autoscale() {
   if (window < kWindow || closed()) return;
 
   const int running = running_.load();
+  const int64_t reserve = options_.reserve_tasks;
+  auto free_tasks = [this] {
+    BudgetSources sources = options_.budget_sources;
+    return ThreadBudget(sources).budget();
+  };
   if (now - a.budget_checked >= kBudgetPeriod) {
     a.budget_checked = now;
-    BudgetSources sources = options_.budget_sources;
-    const int64_t free = ThreadBudget(sources).budget();
-    if (free < ThreadBudget::kReserve && running > 1) {
-      const auto n = static_cast<int>(std::min<int64_t>(running - 1, ThreadBudget::kReserve - free));
+    const int64_t free = free_tasks();
+    if (free < reserve && running > 1) {
+      const auto n = static_cast<int>(std::min<int64_t>(running - 1, reserve - free));
       for (int i = 0; i < n; ++i)
         retire_process(std::to_string(free) + " task" + (free == 1 ? "" : "s") +
-                       " of the user's budget left (ulimit -u, the cgroup's pids.max): fewer processes before a "
-                       "thread cannot start");
+                       " of the user's budget left (ulimit -u, the cgroup's pids.max), " + std::to_string(reserve) +
+                       " kept for the consumer: fewer processes before a thread cannot start");
       return measure();
     }
   }
@@ -116,19 +134,29 @@ void Loader::autoscale() {
   const uint64_t consumer_now = cpu_ticks(getpid());
   const double consumer_cores =
       static_cast<double>(consumer_now > a.consumer_ticks ? consumer_now - a.consumer_ticks : 0) / tck / seconds;
-  const double free_cores = a.cpus - worker_cores - consumer_cores;
+  // Free: what this loader's processes leave of its cpus, and no more than the machine had idle
+  // (other programs use cores too).
+  double free_cores = a.cpus - worker_cores - consumer_cores;
+  const uint64_t idle_now = idle_ticks();
+  if (a.idle_ticks != 0 && idle_now >= a.idle_ticks)
+    free_cores = std::min(free_cores, static_cast<double>(idle_now - a.idle_ticks) / tck / seconds);
   const double busy_share =
       static_cast<double>(busy_ns > a.busy_ns ? busy_ns - a.busy_ns : 0) / 1e9 / seconds / std::max(1, running);
 
   const int most = options_.num_workers;
-  if (wait_share > kGrowWait && running < most && free_cores >= kFreeCore) {
+  const double per_process = worker_cores / std::max(1, running);
+  if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
     a.idle_windows = 0;
-    const double per_process = worker_cores / std::max(1, running);
-    const int fit = per_process > 0.01 ? static_cast<int>(std::floor(free_cores / per_process)) : most;
+    const int fit =
+        per_process > 0.01 ? static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process)) : most;
     const int step = wait_share > kFastWait ? 3 * running : running;  // to 4x, or 2x
-    const int n = std::clamp(std::min(fit, step), 1, most - running);
+    int n = std::clamp(std::min(fit, step), 1, most - running);
+    const int64_t free = free_tasks();  // none that would leave the consumer less than its reserve
+    n = static_cast<int>(std::min<int64_t>(n, free - reserve));
+    if (n < 1) return measure();
     add_processes(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
-                         " s with " + fixed(free_cores) + " of " + std::to_string(a.cpus) + " cores free");
+                         " s with " + fixed(std::max(0.0, free_cores)) + " of " + std::to_string(a.cpus) +
+                         " cores free and " + fixed(per_process, 2) + " cores used per process");
   } else if (wait_share < kIdleWait && busy_share < kIdleBusy && running > 1) {
     if (++a.idle_windows >= kIdleWindows) {
       a.idle_windows = 0;

@@ -47,6 +47,7 @@ struct AutoScale {
   uint64_t consumer_ticks = 0;      // this process's CPU clock ticks at `since`
   uint64_t worker_ticks = 0;        // the workers' (those running at `since`)
   uint64_t busy_ns = 0;             // the workers' busy time (claim to publish) at `since`
+  uint64_t idle_ticks = 0;          // the machine's idle CPU ticks at `since` (0: unknown)
   int cpus = 1;                     // usable cpus (affinity, cgroup cpu.max)
   int idle_windows = 0;             // windows in a row with the workers idle and next() not waiting
   std::chrono::steady_clock::time_point budget_checked{};

@@ -391,6 +391,17 @@ std::vector<PidsLevel> cgroup_pids_levels(std::optional<pid_t> pid, const std::s
 
 long clock_ticks_per_second() noexcept { return ::sysconf(_SC_CLK_TCK); }
 
+std::optional<uint64_t> idle_cpu_ticks(const std::string& proc_root) {
+  const auto text = read_or_gone(proc_root + "/stat");
+  if (!text || text->compare(0, 4, "cpu ") != 0) return std::nullopt;
+  // cpu  user nice system idle iowait irq softirq steal ...
+  std::istringstream in(text->substr(4, text->find('\n')));
+  uint64_t v[5] = {};
+  for (uint64_t& x : v)
+    if (!(in >> x)) return std::nullopt;
+  return v[3] + v[4];
+}
+
 int open_process_fd(pid_t pid, int fd, const std::string& proc_root) {
   const std::string path = task_path(pid, proc_root) + "/fd/" + std::to_string(fd);
   const int mine = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

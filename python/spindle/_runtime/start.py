@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _core
 from .._budget.policy import warn_if_shrunk
-from .._budget.reserve import held_back
+from .._budget.reserve import consumer_reserve, held_back
 from .forking import forked_worker, forking
 from .spawned import WorkerPayload, worker_argv, worker_env
 
@@ -111,6 +111,8 @@ class StartSpec:
                 setattr(options, field.name, getattr(self, field.name))
         options.budget_policy = (self.budget_policy if self.budget_policy is not None
                                  else _core.resolve_budget_policy())
+        if self.adaptive:  # what the consumer may still start, kept free while the processes follow
+            options.reserve_tasks = consumer_reserve()
         return options
 
 

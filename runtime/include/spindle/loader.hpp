@@ -121,6 +121,10 @@ struct LoaderOptions {
   // planned batches, neither round_robin nor assign_in_turn, forked or
   // spawned processes; which process produces a batch never changes it.
   bool adaptive = false;
+  // Adaptive: tasks of the user's budget kept free for the rest of the
+  // consumer (its threads, a checkpoint's burst): processes retire when fewer
+  // are free, and none is added that would leave fewer.
+  int64_t reserve_tasks = ThreadBudget::kReserve;
   // One line per change of the processes, with its reason (empty: none).
   // Called from the thread in next().
   std::function<void(const std::string&)> on_resized;

@@ -42,6 +42,12 @@ struct ProcessStat {
 // Clock ticks per second (sysconf(_SC_CLK_TCK)): the unit of utime, stime and start_time.
 long clock_ticks_per_second() noexcept;
 
+// The machine's idle CPU time so far, in clock ticks summed over its cpus
+// (/proc/stat's "cpu" line: idle + iowait); nullopt if it cannot be read.
+// Two readings apart tell how many cores were free between them, whoever
+// used the others (adaptive processes, loader_autoscale.cpp).
+std::optional<uint64_t> idle_cpu_ticks(const std::string& proc_root = kProcRoot);
+
 // Parses the text of a stat file. comm (field 2) may hold spaces and
 // parentheses, so the fields resume after the *last* ')'. Throws
 // std::runtime_error if the text is not a stat line.

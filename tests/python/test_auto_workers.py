@@ -1,0 +1,136 @@
+"""num_workers="auto": the processes follow the machine while batches flow (more while the loop
+waits and a core is free or the workers wait on I/O, fewer when the loop sets the pace or the
+user's task budget runs short), and the batches are those of any fixed count."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+import spindle
+from unprivileged import run_limited
+
+
+class Waits:
+    """Sample i is [i, i]; each takes `delay` seconds of waiting (I/O: little CPU)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(self.delay)
+        return np.full(2, i, np.int64)
+
+
+def test_auto_grows_while_the_loop_waits_on_io_and_gives_a_fixed_runs_batches(caplog):
+    """Proves: with samples that wait 10 ms each, "auto" starts one process and adds more within the
+    epoch (INFO lines naming the wait), and its shuffled batches equal num_workers=2's, in order."""
+    dataset = Waits(600, 0.01)
+    fixed = [b[:, 0].tolist() for b in spindle.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=True, seed=4)]
+    loader = spindle.DataLoader(dataset, batch_size=8, num_workers="auto", shuffle=True, seed=4)
+    with caplog.at_level(logging.INFO, logger="spindle"):
+        it = iter(loader)
+        first = len(it.worker_pids)
+        got = [b[:, 0].tolist() for b in it]
+    assert got == fixed
+    assert first == 1
+    stats = loader.stats()
+    assert stats["processes"] > 2 and stats["max_processes"] >= stats["processes"], stats
+    grew = [r.getMessage() for r in caplog.records if "worker processes" in r.getMessage()]
+    assert grew and "next() waited" in grew[0] and grew[0].startswith("spindle: 1 -> "), grew
+    assert stats["resize_reason"] == grew[-1]
+
+
+def test_auto_retires_processes_when_the_loop_sets_the_pace(caplog):
+    """Proves: after the processes grew on waiting samples, a loop that takes 30 ms a batch leaves
+    the workers idle, and processes retire (each at its next claim: no batch lost or repeated)."""
+    loader = spindle.DataLoader(Waits(1200, 0.004), batch_size=4, num_workers="auto", shuffle=True, seed=1)
+    seen, peak = [], 0
+    with caplog.at_level(logging.INFO, logger="spindle"):
+        it = iter(loader)
+        for k, batch in enumerate(it):
+            seen += batch[:, 0].tolist()
+            peak = max(peak, len(it.worker_pids))
+            if k > 60:
+                time.sleep(0.03)
+    assert sorted(seen) == list(range(1200))
+    retired = [r.getMessage() for r in caplog.records if "the consumer sets the pace" in r.getMessage()]
+    assert peak > 1 and retired, (peak, [r.getMessage() for r in caplog.records])
+    assert loader.stats()["processes"] < peak
+
+
+def test_auto_is_refused_where_batches_depend_on_the_worker_count(tmp_path):
+    """Proves: a threads-mode PipelineLoader and a WebDataset stream refuse "auto", naming why."""
+    import io
+    import tarfile
+
+    from spindle import pipeline as sp
+
+    with pytest.raises(ValueError, match=r'num_workers="auto" needs mode="processes"'):
+        spindle.PipelineLoader(sp.image_folder(tmp_path).decode().batch(2), num_workers="auto")
+    shard = tmp_path / "shard-0.tar"
+    with tarfile.open(shard, "w") as tar:
+        info = tarfile.TarInfo("a.cls")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"1"))
+    with pytest.raises(ValueError, match=r"a WebDataset stream's batches depend on its worker count"):
+        spindle.PipelineLoader(sp.webdataset(shard).decode().center_crop(8).batch(2), num_workers="auto",
+                               mode="processes")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged uid")
+def test_auto_gives_processes_back_when_the_loop_needs_tasks_under_a_tight_limit():
+    """Proves: as an unprivileged uid with 24 tasks of headroom, "auto" grows on waiting samples;
+    then the loop starts threads until 1 task is left, and processes retire (naming the budget) so
+    that 4 more threads of the loop start (a checkpoint's burst); every sample once."""
+    script = r'''
+import json, os, threading, time, numpy as np, spindle, logging
+logging.basicConfig(level=logging.INFO)
+class Waits:
+    def __len__(self): return 3000
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return np.full(2, i, np.int64)
+loader = spindle.DataLoader(Waits(), batch_size=4, num_workers="auto")
+it = iter(loader)
+seen, peak, stop, held, report = [], 0, threading.Event(), [], {}
+budget = lambda: spindle.ThreadBudget().nproc_headroom
+for k, batch in enumerate(it):
+    seen += batch[:, 0].tolist()
+    peak = max(peak, len(it.worker_pids))
+    if k == 150:  # the loop takes what is free, less one task
+        report["grown"] = len(it.worker_pids)
+        while budget() > 1:
+            t = threading.Thread(target=stop.wait); t.start(); held.append(t)
+        report["held"] = len(held)
+    if k == 400:  # a checkpoint's burst
+        burst = [threading.Thread(target=stop.wait) for _ in range(4)]
+        try:
+            for t in burst: t.start()
+            report["burst"] = "started"
+        except RuntimeError as e:
+            report["burst"] = str(e)
+        held += [t for t in burst if t.is_alive()]
+stop.set()
+for t in held: t.join()
+report.update(samples=len(seen), distinct=len(set(seen)), peak=peak, processes=loader.stats()["processes"],
+              reason=loader.stats()["resize_reason"])
+print(json.dumps(report))
+'''
+    done = run_limited(script, headroom=24)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (r["samples"], r["distinct"]) == (3000, 3000), r
+    assert r["grown"] > 2 and r["held"] >= 1, r
+    assert r["burst"] == "started", (r, done.stderr[-3000:])
+    assert "of the user's budget left" in done.stderr, done.stderr[-3000:]
