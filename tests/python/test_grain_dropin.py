@@ -293,7 +293,8 @@ def test_set_state_after_a_worker_died_starts_new_workers_from_the_state():
     """A worker killed mid-iteration raises (grain's RuntimeError family); set_state() then starts new
     workers from the state, and the elements after it are the ones that follow the state."""
     import signal
-    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(20).to_iter_dataset(), options(2)))
+    it = iter(sgrain.mp_prefetch(grain.MapDataset.range(20).to_iter_dataset(), options(2),
+                                 on_worker_death="raise"))
     assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
     state = it.get_state()
     old = it.worker_pids
@@ -387,3 +388,49 @@ def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path)
     assert lines[0] == "True True 1"
     assert lines[1].startswith("spindle.grain: DataLoader and mp_prefetch run on grain's own workers: grain 0.2.16 "
                                "is older than the first release spindle.grain's workers serve (0.2.17")
+
+
+class DiesOnceAt(grain.transforms.Map):
+    """The first worker to map element `at` dies by SIGKILL (a marker file says it happened)."""
+
+    def __init__(self, at, marks):
+        self.at, self.marks = at, marks
+
+    def map(self, x):
+        import signal
+        mark = os.path.join(self.marks, str(x))
+        if x in self.at and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+
+def test_a_lost_worker_is_replaced_from_the_slices_states_with_graings_elements(tmp_path, caplog):
+    """Proves: workers killed at three elements (3 workers, grain's DataLoader order as reference):
+    the elements are grain's, each once, in grain's order; one WARNING per loss; the same iterator's
+    checkpoint after the losses resumes where grain resumes."""
+    import logging
+    ds = grain.MapDataset.range(60).to_iter_dataset()
+    expected = list(ds.mp_prefetch(grain.multiprocessing.MultiprocessingOptions(num_workers=3)))
+    killing = ds.map(DiesOnceAt({7, 25, 41}, str(tmp_path)))
+    with caplog.at_level(logging.WARNING, logger="spindle"):
+        it = iter(sgrain.mp_prefetch(killing, options(3)))
+        got = [next(it) for _ in range(50)]
+        state = it.get_state()
+        got += list(it)
+    assert got == expected
+    losses = [r.getMessage() for r in caplog.records if "start again from each slice's state" in r.getMessage()]
+    assert len(losses) == 3 and all("killed by signal 9" in m for m in losses), losses
+    resumed = iter(sgrain.mp_prefetch(killing, options(3)))
+    resumed.set_state(state)
+    assert list(resumed) == expected[50:]
+
+
+def test_a_grain_element_that_kills_every_worker_is_named_at_its_second_loss():
+    """Proves: an element whose map kills its worker each time: restarted once from the states, then
+    WorkerDiedError says it was lost at the same elements, and nothing more is restarted."""
+    import signal
+    ds = grain.MapDataset.range(30).to_iter_dataset().map(
+        lambda x: os.kill(os.getpid(), signal.SIGKILL) if x == 13 else x)
+    with pytest.raises(RuntimeError, match=r"killed by signal 9.*at the same elements as an earlier loss"):
+        list(sgrain.mp_prefetch(ds, options(2)))

@@ -22,6 +22,7 @@ Iterators support ``get_state``/``set_state`` in grain's format.
 from __future__ import annotations
 
 import copy
+import logging
 import operator
 import pickle
 from functools import partial
@@ -42,7 +43,7 @@ from .._runtime.stats import HasStats, StatsBook
 from .._runtime.forking import call_in_fork
 from .._runtime.layout import BatchReader, SlotWriter
 from .._runtime.persistent import reset_or_restart
-from .._runtime.start import StartSpec, start
+from .._runtime.start import StartSpec, replacements_for, start
 from .._runtime.worker import (batch_decoder, current_logical_worker, read_stream_kept, run_stream_worker,
                               serves_many_logical_workers)
 from ..errors import WorkerDiedError
@@ -59,10 +60,18 @@ _GRAIN_MP_PREFETCH = grain.IterDataset.mp_prefetch
 
 def mp_prefetch(ds: Any, options: Optional[Any] = None,
                 worker_init_fn: Optional[Callable[[int, int], None]] = None,
-                sequential_slice: bool = False) -> grain.IterDataset:
+                sequential_slice: bool = False, *, on_worker_death: str = "replace") -> grain.IterDataset:
     """Runs `ds` (a grain IterDataset) in spindle workers, like ``ds.mp_prefetch(options)``.
 
-    The result is a grain IterDataset; its iterators support get_state/set_state."""
+    The result is a grain IterDataset; its iterators support get_state/set_state.
+
+    ``on_worker_death="replace"`` (the default): when a worker process is lost (the OOM killer, a
+    signal, a runtime's abort), the workers start again from each slice's state after its last
+    element delivered, as from a checkpoint: the elements go on exactly as without the loss, one
+    WARNING (logger "spindle") per loss. At most ``max(3, num_workers)`` losses per iterator, and a
+    worker lost twice at the same state (a poison element) is not restarted a third time: then
+    ``WorkerDiedError`` names them. ``"raise"``: the first loss raises, as grain."""
+    replacements_for(on_worker_death, 0)
     options = options or grain.multiprocessing.MultiprocessingOptions(num_workers=10)
     operator.index(options.num_workers)  # 2.5: TypeError, as grain's own range() over the workers raises
     operator.index(options.per_worker_buffer_size)
@@ -75,15 +84,17 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
         return _GRAIN_MP_PREFETCH(ds, options, **({} if worker_init_fn is None else {"worker_init_fn": worker_init_fn}),
                                   **({"sequential_slice": True} if sequential_slice else {}))
     return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
-                            sequential_slice)
+                            sequential_slice, on_worker_death)
 
 
 class _PrefetchDataset(grain.IterDataset):
     """`parent` run in spindle workers: worker w iterates records w, w + N, ... of it."""
 
     def __init__(self, parent: Any, num_workers: int, buffer_size: int,
-                 worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool) -> None:
+                 worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool,
+                 on_worker_death: str = "replace") -> None:
         super().__init__(parent)
+        self._on_worker_death = on_worker_death
         self._num_workers = num_workers
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
@@ -92,7 +103,7 @@ class _PrefetchDataset(grain.IterDataset):
 
     def __iter__(self) -> "_PrefetchIterator":
         it = _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
-                               self._sequential_slice)
+                               self._sequential_slice, self._on_worker_death)
         it._loader_stats = self._loader_stats
         return it
 
@@ -107,9 +118,12 @@ class _PrefetchIterator(grain.DatasetIterator):
     checkpointing works on it unchanged."""
 
     def __init__(self, ds: Any, num_workers: int, buffer_size: int,
-                 worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool) -> None:
+                 worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool,
+                 on_worker_death: str = "replace") -> None:
         super().__init__()
         self._ds = ds
+        self._replacements = replacements_for(on_worker_death, num_workers)
+        self._losses: list[tuple[int, str, bytes]] = []  # (worker, what the error said, its slices' states)
         self._n = num_workers
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
@@ -130,19 +144,48 @@ class _PrefetchIterator(grain.DatasetIterator):
         self._ctx.dataset_options = _compat.dataset_options(ds)
 
     def __next__(self) -> Any:
-        self.start_prefetch()
-        try:
-            worker, state, element = next(self._it)
-        except WorkerDiedError as died:
-            # grain's words for a worker that exited (e.g. sys.exit in a transform).
-            if died.exitcode is None:
-                raise
-            raise WorkerDiedError(f"Worker process was terminated unexpectedly with exit code {died.exitcode}. "
-                                  f"{died}", pid=died.pid, exitcode=died.exitcode, signal=died.signal,
-                                  worker=died.worker, sample=died.sample, batch=died.batch) from None
+        while True:
+            self.start_prefetch()
+            try:
+                worker, state, element = next(self._it)
+                break
+            except WorkerDiedError as died:
+                self._after_loss(died)  # the workers start again from the states, or it raises
         self._states[worker] = state
         self._next_in_cycle = (worker + 1) % self._n
         return element
+
+    def _after_loss(self, died: WorkerDiedError) -> None:
+        """A worker process was lost: the workers start again from each slice's state after its last
+        element delivered (a checkpoint's restart: the same elements follow), unless replacements
+        are off, the limit is reached, or the lost process's slices were at the same states at an
+        earlier loss (a poison element). Else raises, in grain's words for a worker that exited."""
+        kept = dict(pid=died.pid, exitcode=died.exitcode, signal=died.signal, worker=died.worker,
+                    sample=died.sample, batch=died.batch)
+        # grain's words for a worker that exited (e.g. sys.exit in a transform) lead.
+        words = "" if died.exitcode is None else \
+            f"Worker process was terminated unexpectedly with exit code {died.exitcode}. "
+        if not self._replacements or died.worker is None:
+            if not words:
+                raise died
+            raise WorkerDiedError(f"{words}{died}", **kept) from None
+        # Process p runs logical workers p, p + P, ... (fewer processes than workers: a short budget).
+        processes = self._runtime.plan.num_workers if self._runtime is not None else self._n
+        at = pickle.dumps([self._states[w] for w in range(died.worker, self._n, processes)])
+        what = str(died).split(". The loader is closed")[0]
+        earlier = [text for worker, text, states in self._losses if worker == died.worker and states == at]
+        if earlier:
+            raise WorkerDiedError(f"{words}{what}, at the same elements as an earlier loss ({earlier[0]}): a worker "
+                                  "lost there is not restarted again. Fix or skip that element.", **kept) from None
+        if len(self._losses) >= self._replacements:
+            raise WorkerDiedError(f"{words}{what}. {len(self._losses)} lost workers were replaced already, the most "
+                                  f"allowed ({self._replacements}): " + "; ".join(t for _, t, _ in self._losses),
+                                  **kept) from None
+        self._losses.append((died.worker, what, at))
+        logging.getLogger("spindle").warning(
+            "%s; the workers start again from each slice's state after its last element (loss %d of at most %d).",
+            what, len(self._losses), self._replacements)
+        self.close()
 
     def start_prefetch(self) -> None:
         """Starts the workers now (or restarts their slices after set_state), so that elements are
@@ -329,7 +372,8 @@ def _state_at_index(ds: Any, index: int, options: Any) -> Any:
 
 
 class DataLoader(HasStats):
-    """``grain.DataLoader`` with spindle's workers; same keyword-only arguments.
+    """``grain.DataLoader`` with spindle's workers; same keyword-only arguments, and
+    ``on_worker_death`` (:func:`mp_prefetch`'s: a lost worker process is replaced by default).
 
     Iterators are grain's own DataLoaderIterator over a pipeline whose
     multi-process stage is spindle's, so ``get_state()``/``set_state()`` produce
@@ -338,7 +382,8 @@ class DataLoader(HasStats):
 
     def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (), worker_count: Optional[int] = 0,
                  worker_buffer_size: int = 1, shard_options: Any = None, read_options: Any = None,
-                 enable_profiling: bool = False) -> None:
+                 enable_profiling: bool = False, on_worker_death: str = "replace") -> None:
+        replacements_for(on_worker_death, 0)
         if worker_count is not None:
             operator.index(worker_count)  # 2.5: TypeError, as grain's own range() over the workers raises
         operator.index(worker_buffer_size)
@@ -361,7 +406,8 @@ class DataLoader(HasStats):
         if workers > 0:
             # spindle's multi-process stage under grain's own state wrapper.
             def stage(pipeline: Any) -> _PrefetchDataset:
-                prefetch = _PrefetchDataset(pipeline, workers, max(1, worker_buffer_size), None, False)
+                prefetch = _PrefetchDataset(pipeline, workers, max(1, worker_buffer_size), None, False,
+                                            on_worker_death)
                 prefetch._loader_stats = self._stats_book()
                 return prefetch
 
