@@ -177,3 +177,21 @@ def test_spindle_torch_keeps_torchs_error_unless_asked(tmp_path):
                            generator=torch.Generator().manual_seed(3))
     got = [b[:, 0].tolist() for b in loader]
     assert got == [[row[0] for row in batch] for batch in reference]
+
+
+def test_an_iterable_datasets_lost_worker_says_why_it_is_not_replaced():
+    """Proves: spindle.torch with on_worker_death="replace" over an IterableDataset: a lost worker
+    ends the epoch with an error that says a stream's position went with it."""
+    torch = pytest.importorskip("torch")
+    import spindle.torch as st
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            for i in range(info.id, 40, info.num_workers):
+                if i == 17:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield i
+
+    with pytest.raises(RuntimeError, match=r"A stream's worker cannot be replaced: its stream's position went with it"):
+        list(st.DataLoader(Stream(), batch_size=2, num_workers=2, on_worker_death="replace"))

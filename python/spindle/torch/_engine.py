@@ -249,7 +249,10 @@ class Engine(HasStats):
             spec = StartSpec(num_workers=loader.num_workers, round_robin=True, logical_workers=logical,
                              batch_capacity=n, prefetch_factor=loader.prefetch_factor, in_order=_compat.in_order(loader),
                              timeout=loader.timeout, start_method=self._start_method(),
-                             pickle_warning=_compat.pickle_warning() if self._spawns() else None)
+                             pickle_warning=_compat.pickle_warning() if self._spawns() else None,
+                             # asked for, a stream's loss is not replaced: the core's error says why
+                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise"),
+                                                               loader.num_workers))
             body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
                            restart=partial(reseed_stream, dataset=shared))
