@@ -347,6 +347,14 @@ class LoaderOptions:
     def __repr__(self) -> str:
         ...
     @property
+    def adaptive(self) -> bool:
+        """
+        num_workers is the most processes (0: the core's choice); processes are added and retired as the consumer waits or the workers idle (planned batches any worker takes).
+        """
+    @adaptive.setter
+    def adaptive(self, arg0: bool) -> None:
+        ...
+    @property
     def assign_in_turn(self) -> bool:
         """
         Planned batches: batch k always goes to worker k mod N (as torch assigns them).
@@ -411,6 +419,14 @@ class LoaderOptions:
     def max_batch_bytes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
+    def max_replacements(self) -> int:
+        """
+        Lost workers started again per epoch, their batches posted again (0: a death closes the loader with WorkerDiedError; planned batches only).
+        """
+    @max_replacements.setter
+    def max_replacements(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
     def max_skip_ratio(self) -> float | None:
         """
         next() raises SkipRatioError once skipped samples exceed this share (None: no check).
@@ -439,6 +455,14 @@ class LoaderOptions:
         """
     @prefetch_factor.setter
     def prefetch_factor(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def reserve_tasks(self) -> int:
+        """
+        Adaptive: tasks of the user's budget kept free for the consumer's own threads.
+        """
+    @reserve_tasks.setter
+    def reserve_tasks(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def round_robin(self) -> bool:
@@ -579,6 +603,16 @@ class Loader:
     @property
     def plan(self) -> ThreadPlan:
         ...
+    @property
+    def processes(self) -> int:
+        """
+        Worker processes running now (adaptive: between 1 and plan.num_workers).
+        """
+    @property
+    def replaced(self) -> int:
+        """
+        Workers started again in place of lost ones since the loader started.
+        """
     @property
     def requested_workers(self) -> int:
         """

@@ -146,7 +146,10 @@ void Loader::prepare(bool threads) {
   running_.store(options.adaptive ? 1 : plan_.num_workers);
   live_.assign(static_cast<std::size_t>(plan_.num_workers), 0);
   std::fill(live_.begin(), live_.begin() + running_.load(), 1);
-  if (options.adaptive) {
+  // Adaptive processes, and a fixed count where any worker takes any batch under a finite budget:
+  // the processes follow the budget while batches flow (loader_autoscale.cpp).
+  const bool shared_queue = !options.round_robin && !options.assign_in_turn && !threads;
+  if (options.adaptive || (shared_queue && plan_.budget != kUnlimited)) {
     auto_ = std::make_unique<AutoScale>();
     auto_->cpus = ThreadBudget(sources).cpus();
   }

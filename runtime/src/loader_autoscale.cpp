@@ -21,6 +21,10 @@
 //     process is added that would leave fewer.
 // A retiring worker exits at its next claim (WorkerRecord::retire): never with
 // a batch in hand. Each change is one line to on_resized, with its numbers.
+//
+// A fixed count (not adaptive) where any worker takes any batch follows the
+// budget alone, when the budget is finite: processes retire as above, and come
+// back one at a time once kRoomAgain tasks beyond the reserve are free.
 #include <spindle/loader.hpp>
 
 #include <algorithm>
@@ -45,6 +49,7 @@ constexpr double kFreeCore = 0.5;    // cores left idle that count as a free cor
 constexpr double kIoBound = 0.25;    // a process using less CPU than this mostly waits (I/O): one more costs little
 constexpr double kIdleWait = 0.02;   // next() waited less than this share...
 constexpr double kIdleBusy = 0.5;    // ...and the workers were busy less than this share of their time
+constexpr int kRoomAgain = 2;        // a fixed count takes a retired process back with this much room beyond the reserve
 constexpr int kIdleWindows = 5;      // for this many windows in a row
 constexpr double kFastWait = 0.5;    // waited more than this: up to four times the processes at once
 
@@ -104,7 +109,7 @@ void Loader::autoscale() {
     BudgetSources sources = options_.budget_sources;
     return ThreadBudget(sources).budget();
   };
-  if (now - a.budget_checked >= kBudgetPeriod) {
+  if (now - a.budget_checked >= kBudgetPeriod && plan_.budget != kUnlimited) {
     a.budget_checked = now;
     const int64_t free = free_tasks();
     if (free < reserve && running > 1) {
@@ -115,7 +120,12 @@ void Loader::autoscale() {
                        " kept for the consumer: fewer processes before a thread cannot start");
       return measure();
     }
+    if (!options_.adaptive && running < options_.num_workers && free >= reserve + kRoomAgain) {
+      add_processes(1, "the user's budget has " + std::to_string(free) + " tasks free again");
+      return measure();
+    }
   }
+  if (!options_.adaptive) return measure();  // a fixed count follows the budget only
 
   const double seconds = std::chrono::duration<double>(window).count();
   uint64_t waited = a.waited_ns;
