@@ -334,11 +334,26 @@ bool Loader::more_to_post(bool fed_pending) const {
   return next_post_ < batches_.size() || (fed_pending && options_.fed && !feed_ended_);
 }
 
+void Loader::post_slot(uint32_t s) {
+  const BatchRing& r = ring_->ring;
+  SlotHeader& h = r.slot(s);
+  h.worker = -1;
+  h.error_bytes = 0;
+  h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
+  write_raw_descriptor(r.descriptor(s));
+  r.set_state(s, SlotState::kPosted);
+  r.queue(queue_of(h.stream)).post(s);
+}
+
+uint32_t Loader::queue_of(int32_t stream) const noexcept {
+  // Logical worker l's items go to process l mod P's queue; items for whoever is free to queue 0.
+  return stream >= 0 ? 1 + static_cast<uint32_t>(stream) % static_cast<uint32_t>(options_.num_workers) : 0;
+}
+
 void Loader::post_more() {
   const BatchRing& r = ring_->ring;
   const uint32_t n = r.geometry().num_slots;
   const auto nw = logical_;  // turns go over the logical workers; l's items to process l mod P
-  const auto np = static_cast<uint32_t>(options_.num_workers);
   uint32_t s = 0;
   while (inflight_.size() < inflight_target_ && more_to_post(/*fed_pending=*/false)) {
     while (s < n && r.state(s) != SlotState::kFree) ++s;
@@ -346,7 +361,6 @@ void Loader::post_more() {
     SlotHeader& h = r.slot(s);
     h.flags = 0;
     h.message_bytes = 0;
-    uint32_t queue = 0;
     int32_t stream = -1;
     if (options_.round_robin) {
       // Task k goes to the next worker whose stream has not ended, in turn; out of order, as torch
@@ -404,15 +418,9 @@ void Loader::post_more() {
         stream = static_cast<int32_t>(w);
       }
     }
-    if (stream >= 0) queue = 1 + static_cast<uint32_t>(stream) % np;
     h.stream = stream;
     h.batch_id = static_cast<int64_t>(next_post_++);
-    h.worker = -1;
-    h.error_bytes = 0;
-    h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
-    write_raw_descriptor(r.descriptor(s));
-    r.set_state(s, SlotState::kPosted);
-    r.queue(queue).post(s);
+    post_slot(s);
     inflight_.push_back(s);
     assigned_[s] = stream;
     if (stream >= 0) ++outstanding_[static_cast<std::size_t>(stream)];

@@ -237,11 +237,9 @@ void Loader::replace_lost(const WorkerExit& e, const std::string& died, std::opt
       std::find(inflight_.begin(), inflight_.end(), static_cast<uint32_t>(s)) != inflight_.end()) {
     const auto slot = static_cast<uint32_t>(s);
     SlotHeader& h = r.slot(slot);
-    const int32_t stream = h.stream;
-    const uint32_t q = stream >= 0 ? 1 + static_cast<uint32_t>(stream) % static_cast<uint32_t>(options_.num_workers) : 0;
     if (r.state(slot) == SlotState::kFilling && h.worker == e.worker_id) {
       post_again(slot);
-    } else if (r.state(slot) == SlotState::kPosted && !r.queue(q).holds(slot)) {
+    } else if (r.state(slot) == SlotState::kPosted && !r.queue(queue_of(h.stream)).holds(slot)) {
       // Claimed from the queue and not yet filling: by the lost worker, or by a live one an
       // instant from its own CAS on the state. Whoever wins this CAS has the slot; the consumer
       // posts it again, a live worker that lost goes on to its next item.
@@ -266,16 +264,9 @@ void Loader::replace_lost(const WorkerExit& e, const std::string& died, std::opt
 }
 
 void Loader::post_again(uint32_t s) {
-  const BatchRing& r = ring_->ring;
-  SlotHeader& h = r.slot(s);
-  const uint32_t q = h.stream >= 0 ? 1 + static_cast<uint32_t>(h.stream) % static_cast<uint32_t>(options_.num_workers) : 0;
+  SlotHeader& h = ring_->ring.slot(s);
   h.count = static_cast<uint32_t>(batches_.batch(static_cast<std::size_t>(h.batch_id)).size());
-  h.worker = -1;
-  h.error_bytes = 0;
-  h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
-  write_raw_descriptor(r.descriptor(s));
-  r.set_state(s, SlotState::kPosted);
-  r.queue(q).post(s);
+  post_slot(s);
 }
 
 void Loader::restart(int worker) {

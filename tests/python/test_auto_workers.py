@@ -10,25 +10,11 @@ import os
 import shutil
 import time
 
-import numpy as np
 import pytest
 
 import spindle
+from toy_datasets import Waits
 from unprivileged import run_limited
-
-
-class Waits:
-    """Sample i is [i, i]; each takes `delay` seconds of waiting (I/O: little CPU)."""
-
-    def __init__(self, n: int, delay: float) -> None:
-        self.n, self.delay = n, delay
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        time.sleep(self.delay)
-        return np.full(2, i, np.int64)
 
 
 def test_auto_grows_while_the_loop_waits_on_io_and_gives_a_fixed_runs_batches(caplog):

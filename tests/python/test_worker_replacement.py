@@ -14,21 +14,7 @@ import numpy as np
 import pytest
 
 import spindle
-from toy_datasets import KillsItselfAt
-
-
-class Numbers:
-    """Sample i is [i, i, i, i]; each takes a little time, so kills land mid-batch."""
-
-    def __init__(self, n: int, delay: float = 0.001) -> None:
-        self.n, self.delay = n, delay
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        time.sleep(self.delay)
-        return np.full(4, i, np.int64)
+from toy_datasets import KillsItselfAt, Waits
 
 
 class DiesOnceAt:
@@ -61,11 +47,11 @@ def test_random_sigkills_over_many_epochs_leave_every_epoch_as_an_undisturbed_ru
     """Proves: SIGKILL of a random worker at random moments, over 12 epochs of a persistent loader with
     shuffling: every epoch yields the undisturbed run's batches, in its order (every sample once), and
     each loss is one WARNING naming the worker, its pid and the batch posted again."""
-    undisturbed = spindle.DataLoader(Numbers(240), batch_size=8, num_workers=3, shuffle=True, seed=5,
+    undisturbed = spindle.DataLoader(Waits(240, 0.001, 4), batch_size=8, num_workers=3, shuffle=True, seed=5,
                                      persistent_workers=True)
     expected = [[b[:, 0].tolist() for b in undisturbed] for _ in range(12)]
     undisturbed.close()
-    loader = spindle.DataLoader(Numbers(240), batch_size=8, num_workers=3, shuffle=True, seed=5,
+    loader = spindle.DataLoader(Waits(240, 0.001, 4), batch_size=8, num_workers=3, shuffle=True, seed=5,
                                 persistent_workers=True)
     rng = np.random.default_rng(11)
     kills = 0
@@ -146,7 +132,7 @@ def test_on_worker_death_raise_keeps_the_first_loss_fatal_and_bad_values_are_ref
     with pytest.raises(spindle.WorkerDiedError, match=r"killed by signal 9 .*sample index 7\. The loader is closed"):
         list(spindle.DataLoader(KillsItselfAt(7, n=20), batch_size=4, num_workers=2, on_worker_death="raise"))
     with pytest.raises(ValueError, match=r"on_worker_death should be one of 'replace', 'raise', but got 'retry'"):
-        spindle.DataLoader(Numbers(8), num_workers=1, on_worker_death="retry")
+        spindle.DataLoader(Waits(8, 0), num_workers=1, on_worker_death="retry")
 
 
 def test_spawned_workers_are_replaced_too(tmp_path):
@@ -171,7 +157,7 @@ def test_spindle_torch_keeps_torchs_error_unless_asked(tmp_path):
     with pytest.raises(RuntimeError, match=r"killed by signal"):
         list(st.DataLoader(KillsItselfAt(9, n=40), batch_size=4, num_workers=2))
     dataset = DiesOnceAt(40, {9, 30}, str(tmp_path))
-    reference = [b.tolist() for b in torch.utils.data.DataLoader(Numbers(40, 0), batch_size=4, shuffle=True,
+    reference = [b.tolist() for b in torch.utils.data.DataLoader(Waits(40, 0, 4), batch_size=4, shuffle=True,
                                                                  generator=torch.Generator().manual_seed(3))]
     loader = st.DataLoader(dataset, batch_size=4, num_workers=2, shuffle=True, on_worker_death="replace",
                            generator=torch.Generator().manual_seed(3))

@@ -143,3 +143,18 @@ def save_index_images(path, n: int, shape=(6, 8, 3)):
         images[i, :, 0, 0] = 200
     np.save(path, images)
     return path
+
+
+class Waits:
+    """Sample i is `width` copies of i; each takes `delay` seconds of waiting (I/O: little CPU), so
+    a loader's processes matter and a kill lands mid-batch."""
+
+    def __init__(self, n: int, delay: float, width: int = 2) -> None:
+        self.n, self.delay, self.width = n, delay, width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(self.delay)
+        return np.full(self.width, i, np.int64)

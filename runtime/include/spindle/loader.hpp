@@ -305,6 +305,11 @@ class Loader {
   void check_workers();
   // A lost worker (max_replacements): its batch posted again, a process started in its place.
   void replace_lost(const WorkerExit& e, const std::string& died, std::optional<int64_t> sample, int64_t batch);
+  // Slot s's batch (id, count, indices, stream) is written: clears the rest of its header and posts
+  // it to its queue. post_again: a lost worker's slot, its batch as planned.
+  void post_slot(uint32_t slot);
+  // The queue an item of logical worker `stream` goes to (-1: the shared queue 0).
+  uint32_t queue_of(int32_t stream) const noexcept;
   void post_again(uint32_t slot);
   void restart(int worker);
   // Adaptive processes (loader_autoscale.cpp): called at each delivery and supervision tick;
