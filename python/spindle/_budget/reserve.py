@@ -47,7 +47,10 @@ def note_consumer_threads() -> int:
     global _consumer_peak
     from .. import _core
 
-    now = _core.count_process_threads(os.getpid())
+    try:
+        now = _core.count_process_threads(os.getpid())
+    except OSError:  # no descriptor left to read /proc with: the start that follows says so
+        return _consumer_peak
     with _lock:
         _consumer_peak = max(_consumer_peak, now)
     return now
