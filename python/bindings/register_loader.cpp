@@ -227,9 +227,7 @@ void register_loader(py::module_& m) {
                        std::vector<int> spawn_fds, std::vector<std::string> spawn_env) {
              LoaderOptions o = options;
              o.budget_poll = budget_poll();
-             o.on_stall = stall_warning();
-             o.on_replaced = worker_replaced();
-             o.on_resized = processes_resized();
+             set_python_callbacks(o);
              // The GIL stays held: the fork hooks require it.
              return new Loader(o, plan_from(order, o.batch_capacity, drop_last, starts),
                                python_launcher(std::move(worker_main), std::move(spawn_argv), std::move(spawn_fds),

@@ -77,7 +77,7 @@ void register_pipeline(py::module_& m) {
          bool threads, uint64_t seed, uint64_t epoch) {
         PipelineEpoch e{int64_vector(order, "order"), seed, epoch, drop_last};
         LoaderOptions o = options;
-        o.on_stall = stall_warning();
+        set_python_callbacks(o);
         if (threads) {
           py::gil_scoped_release release;  // nothing forks: the workers are C++ on arena threads
           return make_pipeline_loader(std::move(pipe), std::move(e), std::move(o), PipelineMode::kThreads);

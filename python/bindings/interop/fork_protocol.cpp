@@ -129,6 +129,12 @@ std::function<void(const std::string&)> processes_resized() {
   };
 }
 
+void set_python_callbacks(LoaderOptions& o) {
+  o.on_stall = stall_warning();
+  o.on_replaced = worker_replaced();
+  o.on_resized = processes_resized();
+}
+
 std::function<void()> next_poll() {
   return [] {
     py::gil_scoped_acquire gil;

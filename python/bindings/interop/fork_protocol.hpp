@@ -6,6 +6,7 @@
 #include <string>
 
 #include <spindle/launcher.hpp>
+#include <spindle/loader.hpp>
 
 namespace spindle::python {
 // The interpreter's fork protocol, for every fork made from Python: the hooks
@@ -29,4 +30,6 @@ std::function<void(const std::string&)> worker_replaced();
 // LoaderOptions::on_resized, called without the GIL: one INFO line on the
 // "spindle" logger per change of the processes.
 std::function<void(const std::string&)> processes_resized();
+// The three above, set on a loader's options (every binding that makes a Loader).
+void set_python_callbacks(LoaderOptions& o);
 }  // namespace spindle::python
