@@ -175,6 +175,7 @@ def _watchdog_on(code):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             dog.poll()
+            dog.poll()  # a worker is warned about when two looks in a row see it over its lease
         return dog.warned, [str(w.message) for w in seen]
     finally:
         proc.kill()

@@ -143,12 +143,43 @@ def test_workers_stay_at_one_thread_when_dataset_code_calls_blas_already_running
     assert "over its lease" not in done.stderr, done.stderr[-3000:]
 
 
+def test_a_thread_seen_at_one_look_only_is_not_warned_about():
+    """Proves: a worker over its lease at one look and back within it at the next is not warned about
+    (a short-lived helper thread); over at two looks in a row, it is."""
+    names = _caps.thread_names(os.getpid())
+    watchdog = _caps.ThreadWatchdog(lambda: [os.getpid()], lease=len(names) - _caps._housekeeping(names), period=0.0)
+    stop = threading.Event()
+    brief = threading.Thread(target=stop.wait)
+    brief.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        watchdog.poll()  # over: the extra thread
+        stop.set()
+        brief.join()
+        deadline = time.monotonic() + 5  # a joined thread's task leaves /proc a moment later
+        while len(_caps.thread_names(os.getpid())) > len(names) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watchdog.poll()  # within again
+    assert not watchdog.warned
+    stop.clear()
+    stay = threading.Thread(target=stop.wait)
+    stay.start()
+    try:
+        with pytest.warns(RuntimeWarning, match="over its lease"):
+            watchdog.poll()
+            watchdog.poll()
+    finally:
+        stop.set()
+        stay.join()
+
+
 def test_without_threadpoolctl_the_lease_warning_says_loaded_pools_were_not_capped(monkeypatch):
     """Proves: without threadpoolctl, the lease warning says loaded pools went uncapped and to install it."""
     monkeypatch.setattr(_caps, "threadpoolctl", None)
     watchdog = _caps.ThreadWatchdog(lambda: [os.getpid()], lease=0, period=0.0)  # any process is over lease 0
     with pytest.warns(RuntimeWarning, match="threadpoolctl is not installed.*pip install threadpoolctl"):
         watchdog.poll()
+        watchdog.poll()  # over its lease at two looks in a row
 
 
 def test_a_failing_worker_init_fn_reaches_the_consumer_as_its_exception():

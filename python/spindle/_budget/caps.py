@@ -231,6 +231,7 @@ class ThreadWatchdog:
         self._period = period
         self._next = time.monotonic() + period / 4  # first look soon after start
         self.warned = False
+        self._over: set[int] = set()  # workers over their lease at the last look
 
     def poll(self) -> None:
         """Cheap unless a period has passed; call it per batch."""
@@ -240,9 +241,15 @@ class ThreadWatchdog:
         reserve.note_consumer_threads()
         if self.warned:
             return
+        # Over its lease at two looks in a row: a thread that lives for a moment (a library's
+        # short-lived helper) is not a pool that stays.
+        over, self._over = self._over, set()
         for worker_id, pid in enumerate(self._pids()):
             names = thread_names(pid)
             if len(names) - _housekeeping(names) > self._lease:
+                self._over.add(pid)
+                if pid not in over:
+                    continue
                 self.warned = True
                 reserve.note_worker_threads(len(names))  # all of them are tasks
                 warnings.warn(self._report(worker_id, pid, len(names)), RuntimeWarning, stacklevel=3)
