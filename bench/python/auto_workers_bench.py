@@ -69,6 +69,9 @@ import numpy as np
 
 from machine import ForeignCpu, load_average, machine_info, write_results
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the docs' number format
+from report_docs import rate  # noqa: E402
+
 SETTINGS: list[Any] = ["auto", 1, 2, 4, 8, 16]
 BATCH = 64
 IO_BATCH = 16
@@ -394,13 +397,6 @@ def pair(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 # --- the tables of docs/benchmarks.md ---------------------------------------------------------
 
-def rate(x: float) -> str:
-    """Samples per second as docs/benchmarks.md writes them (bench/report_docs.py's rule)."""
-    if x >= 1_000_000:
-        return f"{x / 1000:,.0f}k"
-    if x >= 10_000:
-        return f"{x / 1000:.1f}k"
-    return f"{x:,.0f}"
 
 
 def markdown(d: dict[str, Any]) -> str:
