@@ -15,12 +15,12 @@ def test_start_spec_defaults_are_the_cores_loader_options():
     LoaderOptions() field by field."""
     core = _core.LoaderOptions()
     shared = [f.name for f in dataclasses.fields(StartSpec) if hasattr(core, f.name) and f.name != "budget_policy"]
-    assert len(shared) == 12, shared
+    assert len(shared) == 14, shared
     assert StartSpec().budget_policy is None
     for name in shared:
         assert getattr(StartSpec(), name) == getattr(core, name), name
     built = StartSpec(budget_policy="shrink").options()
-    for name in shared + ["slot_bytes", "max_skip_ratio", "stats", "stall_warning", "budget_policy"]:
+    for name in shared + ["slot_bytes", "max_skip_ratio", "stats", "stall_warning", "budget_policy", "reserve_tasks"]:
         assert getattr(built, name) == getattr(core, name), name
 
 
