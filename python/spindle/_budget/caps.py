@@ -216,6 +216,10 @@ def _housekeeping(names: list[str]) -> int:
     return sum(1 for name in runtimes.HOUSEKEEPING_THREADS if name in names[1:])
 
 
+SECOND_LOOK_S = 0.1
+"""A worker over its lease is looked at again this soon: a pool is still there, a moment's thread is not."""
+
+
 class ThreadWatchdog:
     """Warns once when a worker holds more threads than its lease, naming them by runtime, and samples
     the consumer's thread count for its reserve (``_budget.reserve``).
@@ -247,11 +251,14 @@ class ThreadWatchdog:
         for worker_id, pid in enumerate(self._pids()):
             names = thread_names(pid)
             if len(names) - _housekeeping(names) > self._lease:
+                # Counted for the next start at once (all of them are tasks: over-counting a moment's
+                # thread costs a process, under-counting a pool costs a failed pthread_create)...
+                reserve.note_worker_threads(len(names))
                 self._over.add(pid)
-                if pid not in over:
+                if pid not in over:  # ...warned about at the second look, a tenth of a second on
+                    self._next = min(self._next, time.monotonic() + SECOND_LOOK_S)
                     continue
                 self.warned = True
-                reserve.note_worker_threads(len(names))  # all of them are tasks
                 warnings.warn(self._report(worker_id, pid, len(names)), RuntimeWarning, stacklevel=3)
                 return
 
