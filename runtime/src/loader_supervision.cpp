@@ -172,7 +172,17 @@ void Loader::fail_closed(const WorkerDiedError& died) {
 
 void Loader::check_workers() {
   if (!pool_) return;  // threads do not exit on their own
-  for (auto it = unstarted_.begin(); it != unstarted_.end(); it = unstarted_.erase(it)) restart(*it);
+  // Replacements a signal interrupted: tried again (restart() keeps one that fails again, and the rest wait).
+  std::vector<int> pending;
+  pending.swap(unstarted_);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    try {
+      restart(pending[i]);
+    } catch (...) {
+      unstarted_.insert(unstarted_.end(), pending.begin() + static_cast<std::ptrdiff_t>(i) + 1, pending.end());
+      throw;
+    }
+  }
   auto e = pool_->poll_exit();
   if (!e) return;
   {
