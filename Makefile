@@ -34,7 +34,7 @@ demo: install-py
 	$(VENV)/bin/spindle bench --workload arrays,jpeg-native --loaders spindle,torch,torch+PIL,spindle-native-processes,spindle-native-threads \
 	  --workers 1,2 --rounds 1 --samples 16384 --images 256 --out $(DEMO_OUT)
 
-test: test-cpp fuzz-smoke test-sanitizers test-py test-matrix test-torch-oldest
+test: test-cpp fuzz-smoke test-sanitizers test-py test-matrix test-torch-oldest test-grain-oldest
 
 # --- set-up -----------------------------------------------------------------
 # $(call apt_install,PACKAGES): installs those of PACKAGES that are missing.
@@ -304,7 +304,8 @@ clean:
 	rm -rf build $(VENV) $(RAY_VENV)
 
 # === version matrix (issue 31): spindle.torch on torch 2.4.1–2.14.1, spindle.grain on ====
-# === grain 0.2.12–0.2.18; `make test` runs test-torch-oldest, not test-peers-versions ======
+# === grain 0.2.12–0.2.18; `make test` runs test-torch-oldest and test-grain-oldest, not ====
+# === test-peers-versions ==================================================================
 # One venv per peer release under build/versions (tests/peers/versions/venv.sh NAME: Debian's
 # python3, the pinned peer and its test dependencies; torch as the smallest install that
 # imports on a machine without a GPU), the wheels kept in ~/.cache/spindle/peer-wheels.
@@ -333,5 +334,11 @@ test-torch-oldest: wheel build/versions/torch-2.4.1/.versions-ok
 	build/versions/torch-2.4.1/bin/python -m pip install -q --force-reinstall --no-deps $(SPINDLE_CP311_WHEEL)
 	build/versions/torch-2.4.1/bin/python -m pytest -q -p no:cacheprovider $(TORCH_OLDEST_TESTS)
 
-.PHONY: test-peers-versions test-torch-oldest
+# spindle.grain's own tests on the oldest grain it serves (0.2.12, where spindle's workers stand in
+# grain's pool: spindle/grain/_pool.py), against the same wheel; the tests of what grain 0.2.12 lacks skip.
+test-grain-oldest: wheel build/versions/grain-0.2.12/.versions-ok
+	build/versions/grain-0.2.12/bin/python -m pip install -q --force-reinstall --no-deps $(SPINDLE_CP311_WHEEL)
+	build/versions/grain-0.2.12/bin/python -m pytest -q -p no:cacheprovider tests/python/test_grain_dropin.py
+
+.PHONY: test-peers-versions test-torch-oldest test-grain-oldest
 # === end of the version matrix ===========================================================

@@ -204,3 +204,42 @@ def test_multiprocessing_sees_a_worker_as_a_child_of_the_consumer(front):
     (code meant for the main process only checks that name) and parent_process() is the live consumer."""
     rows = np.concatenate([np.asarray(b) for b in _loader_class(front)(_WhoAmI(), batch_size=1, num_workers=2)])
     assert rows.tolist() == [[0, os.getpid(), 1]] * 2
+
+
+class SharedArrays:
+    """Each sample is made in a multiprocessing SharedMemory block (as grain's batch operation makes
+    its arrays), which registers the block with multiprocessing's resource tracker."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        from multiprocessing import shared_memory
+        block = shared_memory.SharedMemory(create=True, size=64)
+        try:
+            return np.frombuffer(block.buf, np.uint8).copy() + i
+        finally:
+            block.close()
+            block.unlink()
+
+
+def test_a_consumer_thread_holding_the_resource_trackers_lock_does_not_hang_a_worker():
+    """Proves: a consumer thread inside multiprocessing's resource tracker (its lock held, as while it
+    unlinks a shared-memory array) when workers are forked: the workers, which register shared memory
+    with the same tracker, finish the epoch (a child forked while another thread held the lock would
+    wait on its copy forever; spindle's forks wait for the lock, and each child releases its copy)."""
+    import time
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
+    lock = resource_tracker._resource_tracker._lock
+    held = threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            time.sleep(0.5)
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait()
+    loader = spindle.DataLoader(SharedArrays(), batch_size=2, num_workers=2, timeout=30)
+    assert sum(int(b.shape[0]) for b in loader) == 8

@@ -1,4 +1,7 @@
-"""spindle.grain against grain, run side by side on the same pipelines."""
+"""spindle.grain against grain, run side by side on the same pipelines.
+
+Run on the grain in .venv (0.2.18: spindle's dataset stage) and, by ``make test-grain-oldest``, on grain
+0.2.12 (spindle's workers in grain's pool's place): a test of a feature the older grain lacks says so."""
 
 import gc
 import os
@@ -12,8 +15,15 @@ grain = pytest.importorskip("grain")
 from absl import flags  # noqa: E402  (grain's multiprocessing reads absl flags)
 
 import spindle.grain as sgrain  # noqa: E402
+from spindle.grain import _compat  # noqa: E402
 
 flags.FLAGS.mark_as_parsed()
+
+# Before grain 0.2.17 spindle serves grain through grain's own pool contract (spindle.grain._pool), and
+# grain's iterators start new workers at set_state, keep no workers across repeat() epochs, and have
+# neither get_next_index nor the per-slice checkpoint of the dataset stage.
+dataset_stage = pytest.mark.skipif(_compat.POOL, reason=f"grain {_compat.installed_version()} has no "
+                                   "dataset stage (0.2.17): its iterators restart grain's pool instead")
 
 SOURCE = [np.full((4,), i, np.int32) for i in range(101)]
 
@@ -160,11 +170,12 @@ def test_one_worker_reads_a_source_that_cannot_be_sliced():
     fails with grain's error."""
     it = iter(sgrain.mp_prefetch(Ones().map(lambda x: x + 1), options(1)))
     assert next(it) == 2
-    it.close()
+    del it  # its workers end with it (grain 0.2.12's iterators have no close())
     with pytest.raises(ValueError, match="Cannot slice `IterDataset` source"):
         list(sgrain.mp_prefetch(Ones().map(lambda x: x + 1), options(2)))
 
 
+@dataset_stage
 def test_next_index_and_element_spec_are_graings():
     """get_next_index/set_next_index (one worker, as in grain) and get_element_spec work through
     mp_prefetch, and get_state after set_next_index is the state reached by reading."""
@@ -218,6 +229,7 @@ def _record_init(path, worker_id, num_workers):
         f.write(f"{worker_id} {os.getpid()}\n")
 
 
+@dataset_stage
 def test_set_state_restarts_the_workers_in_place():
     """set_state() and set_next_index() after mp_prefetch keep the workers (grain keeps its own):
     the same processes, worker_init_fn once per worker, and the elements that follow the restored
@@ -247,6 +259,7 @@ def test_set_state_restarts_the_workers_in_place():
         assert [next(one), next(one)] == [6, 7] and one.worker_pids == pid
 
 
+@dataset_stage
 def test_repeat_after_mp_prefetch_keeps_the_workers_across_epochs():
     """repeat() over mp_prefetch: every epoch's elements are grain's, read by the same processes
     (worker_init_fn ran once per worker), and the workers end with the iterator."""
@@ -270,6 +283,7 @@ def test_repeat_after_mp_prefetch_keeps_the_workers_across_epochs():
         assert not any(os.path.exists(f"/proc/{p}") for _, p in got)
 
 
+@dataset_stage
 def test_a_state_a_worker_cannot_restore_raises_at_next_naming_the_worker():
     """set_state() with a state worker 1's iterator rejects: next() raises that worker's exception
     (its type, a note naming the worker), each time that worker's turn comes, until a good state."""
@@ -328,30 +342,32 @@ def test_only_the_compat_module_names_grains_src():
 
 
 def test_a_grain_outside_the_served_range_is_named():
-    """Proves: a grain before 0.2.17 or after 0.2.18 is a reason to run on grain's own workers, named."""
-    from spindle.grain import _compat
-
-    newer, oldest, older = (_compat.incompatibility(v) for v in ("0.2.19", "0.2.12", "0.2.16"))
+    """Proves: a grain before 0.2.12 or after 0.2.18 is a reason to run on grain's own workers, named; a
+    release in between is served the way its names allow (the pool's before 0.2.17, else the stage's)."""
+    newer, older = (_compat.incompatibility(v) for v in ("0.2.19", "0.2.11"))
     assert "grain 0.2.19 is newer than the newest release spindle.grain was checked on (0.2.18)" in newer
-    assert "grain 0.2.12 is older than the first release spindle.grain's workers serve (0.2.17" in oldest
-    assert "grain 0.2.16 is older than the first release" in older
+    assert "grain 0.2.11 is older than the oldest release spindle.grain serves (0.2.12)" in older
+    assert _compat.uses_pool("0.2.12") and _compat.uses_pool("0.2.16") and not _compat.uses_pool("0.2.17")
+    # The names of the way the installed grain is served are there; those of the other way are not.
+    served, other = ("0.2.12", "0.2.18") if _compat.POOL else ("0.2.18", "0.2.12")
+    assert _compat.incompatibility(served) is None
+    assert f"grain {other} has no grain._src" in _compat.incompatibility(other)
 
 
 def test_a_missing_grain_name_is_named_and_this_grain_is_served():
     """Proves: the installed grain passes; a needed name that is gone is the reason, with the lookup's error."""
-    from spindle.grain import _compat
-
     assert _compat.FALLBACK is None
     assert _compat.incompatibility("0.0.1") is None  # grain without its metadata: its names decide
-    needed = _compat._needed()
-    gone = dict(needed, **{"grain._src.python.dataset.dataset.get_next_index": lambda: grain._no_such_name})
+    needed = _compat._needed_pool() if _compat.POOL else _compat._needed()
+    name = next(iter(needed))
+    gone = dict(needed, **{name: lambda: grain._no_such_name})
     reason = _compat.incompatibility(_compat.installed_version(), gone)
-    assert reason.startswith(f"grain {_compat.installed_version()} has no grain._src.python.dataset.dataset."
-                             "get_next_index as spindle.grain knows it (AttributeError:")
+    assert reason.startswith(f"grain {_compat.installed_version()} has no {name} as spindle.grain knows it "
+                             "(AttributeError:")
 
 
 def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path):
-    """Proves: with a grain spindle.grain does not serve (its version set to 0.2.16 before spindle.grain is
+    """Proves: with a grain spindle.grain does not serve (its version set to 0.2.11 before spindle.grain is
     imported), spindle.grain.DataLoader and mp_prefetch give grain's own elements, through grain's workers,
     with one PeerVersionWarning naming the version; with grain's mp_prefetch monkeypatched to spindle's,
     the fallback runs grain's own method (no recursion)."""
@@ -360,7 +376,7 @@ def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path)
         "import warnings\n"
         "import numpy as np\n"
         "import grain\n"
-        "grain.__version__ = '0.2.16'\n"
+        "grain.__version__ = '0.2.11'\n"
         "from absl import flags\n"
         "flags.FLAGS.mark_as_parsed()\n"
         "import spindle.grain as sgrain\n"
@@ -386,8 +402,8 @@ def test_an_unserved_grain_runs_on_grains_own_workers_with_one_warning(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0] == "True True 1"
-    assert lines[1].startswith("spindle.grain: DataLoader and mp_prefetch run on grain's own workers: grain 0.2.16 "
-                               "is older than the first release spindle.grain's workers serve (0.2.17")
+    assert lines[1] == ("spindle.grain: DataLoader and mp_prefetch run on grain's own workers: grain 0.2.11 "
+                        "is older than the oldest release spindle.grain serves (0.2.12)")
 
 
 class DiesOnceAt(grain.transforms.Map):
@@ -434,3 +450,39 @@ def test_a_grain_element_that_kills_every_worker_is_named_at_its_second_loss():
         lambda x: os.kill(os.getpid(), signal.SIGKILL) if x == 13 else x)
     with pytest.raises(RuntimeError, match=r"killed by signal 9.*at the same elements as an earlier loss"):
         list(sgrain.mp_prefetch(ds, options(2)))
+
+
+CONSUMER_THREADS = """
+import os, threading
+import numpy as np
+import grain
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+import spindle.grain as sgrain
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+if __name__ == "__main__":
+    source = [np.full((4,), i, np.int32) for i in range(200)]
+    sampler = grain.samplers.IndexSampler(num_records=200, shard_options=grain.sharding.NoSharding(),
+                                          shuffle=True, num_epochs=1, seed=3)
+    before = tasks()
+    seen = []
+    for i, x in enumerate(sgrain.DataLoader(data_source=source, sampler=sampler, worker_count=4,
+                                            worker_buffer_size=4)):
+        seen.append(tasks())
+    staged = sgrain.mp_prefetch(grain.MapDataset.source(source).to_iter_dataset(),
+                                grain.multiprocessing.MultiprocessingOptions(num_workers=4, per_worker_buffer_size=4))
+    for x in staged:
+        seen.append(tasks())
+    print(before, max(seen), len(seen))
+"""
+
+
+def test_the_consumer_runs_no_thread_for_the_workers():
+    """Proves: while spindle.grain's DataLoader and mp_prefetch deliver (4 workers, 4 elements each in
+    flight), the consumer runs the threads it ran before and no more (grain's pool adds a reader thread,
+    a thread pool as large as the buffer and a queue feeder per worker)."""
+    done = subprocess.run([sys.executable, "-c", CONSUMER_THREADS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, most, count = map(int, done.stdout.split())
+    assert count == 400 and most == before, done.stdout

@@ -50,20 +50,42 @@ def forking() -> Iterator[None]:
     OpenBLAS cannot be capped in the child without starting its pool there
     (``_caps.openblas_capped_across_forks``).
     """
-    global _collecting_at_fork
+    global _collecting_at_fork, _tracker_lock_at_fork
     parent = os.getpid()
     enabled = gc.isenabled()
     gc.disable()
     _collecting_at_fork = enabled
+    tracker_lock = _resource_tracker_lock()
+    if tracker_lock is not None and not tracker_lock.acquire(timeout=TRACKER_LOCK_WAIT_S):
+        tracker_lock = None  # held that long: a thread died holding it, and the children get it as it is
+    _tracker_lock_at_fork = tracker_lock
     try:
         with warnings.catch_warnings(), openblas_capped_across_forks():
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             yield
     finally:
         if os.getpid() == parent:
-            _collecting_at_fork = None
+            _collecting_at_fork = _tracker_lock_at_fork = None
+            if tracker_lock is not None:
+                tracker_lock.release()
             if enabled:
                 gc.enable()
+
+
+# multiprocessing's resource tracker lock, held by forking() across spindle's forks (None outside).
+_tracker_lock_at_fork: Optional[Any] = None
+TRACKER_LOCK_WAIT_S = 5.0
+
+
+def _resource_tracker_lock() -> Optional[Any]:
+    """The lock multiprocessing's resource tracker takes for every shared memory or semaphore registered
+    and unlinked, if multiprocessing's tracker is in use here. A consumer thread (grain's pool unlinking
+    its shared-memory arrays, a user's) can hold it at a fork; a child that then makes a shared-memory
+    array (grain's batch operation does, in every worker) would wait on it forever. So forking() holds
+    it across spindle's forks, as the logging module holds its lock across every fork, and each child
+    releases its copy (started_in_fork)."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    return getattr(getattr(module, "_resource_tracker", None), "_lock", None)
 
 
 # The forking() entered by enter_fork() (a fork the runtime makes on its own), None when none.
@@ -114,9 +136,12 @@ def started_in_fork() -> None:
     the after-fork callbacks run (a ``Queue`` the consumer has used gets a new
     feeder thread here, without which what a worker puts is never sent; a
     manager's proxy takes its own reference)."""
-    global _collecting_at_fork
+    global _collecting_at_fork, _tracker_lock_at_fork
     if _collecting_at_fork is None:
         return
+    if _tracker_lock_at_fork is not None:  # the consumer's forking() held it at the fork: this copy is ours
+        _tracker_lock_at_fork.release()
+        _tracker_lock_at_fork = None
     gc.freeze()
     if _collecting_at_fork:
         gc.enable()

@@ -38,13 +38,15 @@ import grain  # noqa: E402 - after the check that names the extra
 
 from .. import _core  # noqa: E402
 from . import _compat  # noqa: E402
+from ._elements import ArrayElements, first_row
+from ._losses import Losses
 from .._runtime.epoch import EpochIterator
 from .._runtime.stats import HasStats, StatsBook
 from .._runtime.forking import call_in_fork
-from .._runtime.layout import BatchReader, SlotWriter
+from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
 from .._runtime.start import StartSpec, replacements_for, start
-from .._runtime.worker import (batch_decoder, current_logical_worker, read_stream_kept, run_stream_worker,
+from .._runtime.worker import (batch_decoder, current_logical_worker, run_stream_worker,
                               serves_many_logical_workers)
 from ..errors import WorkerDiedError
 
@@ -83,6 +85,13 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
         _compat.warn_fallback()
         return _GRAIN_MP_PREFETCH(ds, options, **({} if worker_init_fn is None else {"worker_init_fn": worker_init_fn}),
                                   **({"sequential_slice": True} if sequential_slice else {}))
+    if _compat.POOL:  # grain before 0.2.17: its own mp_prefetch stage, with spindle's pool
+        if sequential_slice:
+            raise TypeError(f"grain {_compat.installed_version()}'s mp_prefetch takes no sequential_slice "
+                            "(grain 0.2.17 added it)")
+        from ._pool import PrefetchDataset
+
+        return PrefetchDataset(ds, options, worker_init_fn, losses=partial(Losses, on_worker_death))
     return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
                             sequential_slice, on_worker_death)
 
@@ -122,8 +131,7 @@ class _PrefetchIterator(grain.DatasetIterator):
                  on_worker_death: str = "replace") -> None:
         super().__init__()
         self._ds = ds
-        self._replacements = replacements_for(on_worker_death, num_workers)
-        self._losses: list[tuple[int, str, bytes]] = []  # (worker, what the error said, its slices' states)
+        self._losses = Losses(on_worker_death, num_workers)
         self._n = num_workers
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
@@ -157,34 +165,11 @@ class _PrefetchIterator(grain.DatasetIterator):
 
     def _after_loss(self, died: WorkerDiedError) -> None:
         """A worker process was lost: the workers start again from each slice's state after its last
-        element delivered (a checkpoint's restart: the same elements follow), unless replacements
-        are off, the limit is reached, or the lost process's slices were at the same states at an
-        earlier loss (a poison element). Else raises, in grain's words for a worker that exited."""
-        kept = dict(pid=died.pid, exitcode=died.exitcode, signal=died.signal, worker=died.worker,
-                    sample=died.sample, batch=died.batch)
-        # grain's words for a worker that exited (e.g. sys.exit in a transform) lead.
-        words = "" if died.exitcode is None else \
-            f"Worker process was terminated unexpectedly with exit code {died.exitcode}. "
-        if not self._replacements or died.worker is None:
-            if not words:
-                raise died
-            raise WorkerDiedError(f"{words}{died}", **kept) from None
+        element delivered (a checkpoint's restart: the same elements follow), or it raises (Losses)."""
         # Process p runs logical workers p, p + P, ... (fewer processes than workers: a short budget).
         processes = self._runtime.plan.num_workers if self._runtime is not None else self._n
-        at = pickle.dumps([self._states[w] for w in range(died.worker, self._n, processes)])
-        what = str(died).split(". The loader is closed")[0]
-        earlier = [text for worker, text, states in self._losses if worker == died.worker and states == at]
-        if earlier:
-            raise WorkerDiedError(f"{words}{what}, at the same elements as an earlier loss ({earlier[0]}): a worker "
-                                  "lost there is not restarted again. Fix or skip that element.", **kept) from None
-        if len(self._losses) >= self._replacements:
-            raise WorkerDiedError(f"{words}{what}. {len(self._losses)} lost workers were replaced already, the most "
-                                  f"allowed ({self._replacements}): " + "; ".join(t for _, t, _ in self._losses),
-                                  **kept) from None
-        self._losses.append((died.worker, what, at))
-        logging.getLogger("spindle").warning(
-            "%s; the workers start again from each slice's state after its last element (loss %d of at most %d).",
-            what, len(self._losses), self._replacements)
+        worker = died.worker if died.worker is not None else 0
+        self._losses.start_again(died, pickle.dumps([self._states[w] for w in range(worker, self._n, processes)]))
         self.close()
 
     def start_prefetch(self) -> None:
@@ -211,6 +196,8 @@ class _PrefetchIterator(grain.DatasetIterator):
 
     def _start(self) -> _core.Loader:
         n = self._n
+        # As grain: a pipeline its workers could not be sent pickled raises here, in grain's words.
+        _compat.check_pickles(self._ds, self._worker_init_fn)
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
                         worker_init_fn=self._worker_init_fn, states=self._states,
                         options=self._ctx.dataset_options)
@@ -390,8 +377,14 @@ class DataLoader(HasStats):
         if worker_count and worker_count < 0:
             raise ValueError("Worker count should be greater than or equal zero."
                              f"Current worker_count is {worker_count}.")
-        if _compat.FALLBACK is not None:  # grain's own workers
-            _compat.warn_fallback()
+        self._pool_losses: Optional[Callable[[int], Losses]] = None
+        if _compat.FALLBACK is not None or _compat.POOL:
+            # grain's own loader, with grain's workers (a grain spindle does not serve), or with spindle's
+            # pool in grain's pool's place (grain before 0.2.17: __iter__).
+            if _compat.FALLBACK is not None:
+                _compat.warn_fallback()
+            else:
+                self._pool_losses = partial(Losses, on_worker_death)
             self._grain = _GrainDataLoader(
                 data_source=data_source, sampler=sampler, operations=operations, worker_count=worker_count,
                 worker_buffer_size=worker_buffer_size, shard_options=shard_options, read_options=read_options,
@@ -413,40 +406,17 @@ class DataLoader(HasStats):
 
             _compat.put_stage_under_state(self._grain, stage, workers)
 
+    def __getattr__(self, name: str) -> Any:
+        """grain's DataLoader's other attributes (``multiprocessing_options``, ...) are the grain loader's."""
+        grain_loader = self.__dict__.get("_grain")
+        if grain_loader is None:
+            raise AttributeError(name)
+        return getattr(grain_loader, name)
+
     def __iter__(self) -> Any:
+        if self._pool_losses is not None:
+            from ._pool import loader_iterator
+
+            workers = self._grain.multiprocessing_options.num_workers
+            return loader_iterator(self._grain, self._pool_losses(workers), stats=self._stats_book())
         return iter(self._grain)
-
-
-class ArrayElements:
-    """grain's transport: one element per item. An element made only of numpy
-    arrays (of at least one dimension, nested in dicts/tuples/lists — e.g. a
-    batch after grain's Batch) is written field by field and arrives as views
-    of the slot (read it with ``BatchReader(convert=first_row)``); anything
-    else (scalars, strings, objects) travels pickled, exactly as it was."""
-
-    def __init__(self) -> None:
-        self._writer = SlotWriter(1)
-
-    def read_stream(self, ctx: Any, item: Any, stream: Any, first: Any, count: int, position: int) -> Any:
-        return read_stream_kept(ctx, item, stream, first, count, position)
-
-    def write(self, ctx: Any, item: Any, samples: list[Any], indices: list[int]) -> None:
-        element = samples[0]
-        if _only_arrays(element) and self._writer.write(ctx, item, samples[:1], indices) is None:
-            return  # in the slot; else more fields than a slot's descriptor holds, or not arrays
-        ctx.put_bytes(item, pickle.dumps(element, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _only_arrays(value: Any) -> bool:
-    if type(value) is np.ndarray:
-        return value.ndim >= 1 and value.dtype.kind in "biufc"
-    if isinstance(value, dict):
-        return bool(value) and all(_only_arrays(v) for v in value.values())
-    if isinstance(value, (tuple, list)):
-        return bool(value) and all(_only_arrays(v) for v in value)
-    return False
-
-
-def first_row(array: np.ndarray) -> np.ndarray:
-    """The one element of a one-element batch, as a view (for ArrayElements)."""
-    return array[0]

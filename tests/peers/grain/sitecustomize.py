@@ -7,7 +7,10 @@ With this folder on PYTHONPATH and SPINDLE_PEER_PATCH=grain, every interpreter
   grain._src.python.data_loader) with ``spindle.grain.DataLoader``, the usual
   monkeypatch a user would write;
 - ``process_prefetch.multiprocess_prefetch``, which ``IterDataset.mp_prefetch``
-  and grain's tests call, with ``spindle.grain.mp_prefetch``.
+  and grain's tests call, with ``spindle.grain.mp_prefetch``; before grain 0.2.17,
+  ``IterDataset.mp_prefetch`` itself, and the stage class its tests build
+  (``prefetch.MultiprocessPrefetchIterDataset``) with the one spindle.grain's
+  mp_prefetch builds there.
 
 With SPINDLE_PEER_PATCH=grain or =off (the baseline, grain unpatched), absl
 flags are marked parsed first, as ``absltest.main`` does for grain's own runs:
@@ -49,3 +52,12 @@ if os.environ.get("SPINDLE_PEER_PATCH") == "grain":
             return spindle.grain.mp_prefetch(ds, options, worker_init_fn=worker_init_fn)
 
         grain.IterDataset.mp_prefetch = _mp_prefetch
+        from spindle.grain import _compat as _spindle_compat
+
+        if _spindle_compat.POOL:
+            # Before 0.2.17 grain's tests also build the stage class itself: the class spindle.grain's
+            # mp_prefetch builds there (grain's own, with spindle's workers in grain's pool's place).
+            from grain._src.python.dataset.transformations import prefetch as _prefetch
+            from spindle.grain._pool import PrefetchDataset
+
+            _prefetch.MultiprocessPrefetchIterDataset = PrefetchDataset
