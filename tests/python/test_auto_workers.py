@@ -36,6 +36,20 @@ def test_auto_grows_while_the_loop_waits_on_io_and_gives_a_fixed_runs_batches(ca
     assert stats["resize_reason"] == grew[-1]
 
 
+def test_auto_fills_the_slots_it_did_not_reserve_up_front_with_whole_batches():
+    """Proves: an auto loader reserves only its first process's slots up front; once it has grown,
+    batches of 256 KiB (past the 64 KiB its other slots start with) arrive whole in those slots,
+    equal to a fixed run's in order."""
+    dataset = Waits(480, 0.01, width=4096)  # 32 KiB a sample, 8 a batch
+    fixed = [b.copy() for b in spindle.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=True, seed=2)]
+    loader = spindle.DataLoader(dataset, batch_size=8, num_workers="auto", shuffle=True, seed=2)
+    got = [b.copy() for b in loader]
+    assert len(got) == len(fixed) == 60
+    for ours, theirs in zip(got, fixed):
+        assert ours.shape == (8, 4096) and (ours == theirs).all()
+    assert loader.stats()["processes"] > 1  # it grew: slots past the first process's held batches
+
+
 def test_auto_retires_processes_when_the_loop_sets_the_pace(caplog):
     """Proves: after the processes grew on waiting samples, a loop that takes 30 ms a batch leaves
     the workers idle, and processes retire (each at its next claim: no batch lost or repeated)."""

@@ -365,7 +365,8 @@ def _needed_pool() -> dict[str, Callable[[], Any]]:
             lambda: _sets(module(3)._MultiprocessPrefetchDatasetIterator, "_iter_parent",
                           "_multiprocessing_options", "_worker_init_fn", "_state"),
         "grain._src.python.dataset.transformations.prefetch.GetElementProducerFn(state, ds) and its serialize":
-            lambda: has_parameters(module(3).GetElementProducerFn.__init__, "state", "ds").serialize,
+            lambda: (has_parameters(module(3).GetElementProducerFn.__init__, "state", "ds"),
+                     module(3).GetElementProducerFn.serialize),
         "grain's checkpoints' last_worker_index":
             lambda: _equal(module(1)._LAST_WORKER_INDEX, module(3)._LAST_WORKER_INDEX, _LAST_WORKER_INDEX),
     }
