@@ -20,7 +20,12 @@ Metrics (see docs/observability.md):
 - ``spindle_ring_ready_batches``: batches ready and not yet taken (a full ring: the consumer is
   the bottleneck; an empty one: the workers are);
 - ``spindle_worker_private_bytes``: per running worker, its USS (private memory: what it alone
-  costs; docs/shared_memory.md).
+  costs; docs/shared_memory.md);
+- ``spindle_processes``, ``spindle_max_processes``: the worker processes running now and the most
+  the loader may run (``num_workers="auto"`` changes the first within the second);
+  ``spindle_processes_change_info``: 1, labelled with the ``reason`` of the last change (the
+  INFO line's words); ``spindle_workers_replaced_total``: lost worker processes replaced
+  (``on_worker_death="replace"``).
 
 Importing ``spindle`` does not import this module or prometheus_client.
 """
@@ -74,8 +79,20 @@ class Collector(_PrometheusCollector):
                                   labels=["loader"])
         private = GaugeMetricFamily("spindle_worker_private_bytes", "A running worker's private memory (USS)",
                                     labels=["loader", "worker"])
+        processes = GaugeMetricFamily("spindle_processes", "Worker processes running now", labels=["loader"])
+        most = GaugeMetricFamily("spindle_max_processes", "The most worker processes the loader may run",
+                                 labels=["loader"])
+        change = GaugeMetricFamily("spindle_processes_change_info", "Why the worker processes last changed",
+                                   labels=["loader", "reason"])
+        replaced = CounterMetricFamily("spindle_workers_replaced", "Lost worker processes replaced",
+                                       labels=["loader"])
         for name, loader in loaders:
             s = _stats_of(loader)
+            processes.add_metric([name], s["processes"])
+            most.add_metric([name], s["max_processes"])
+            replaced.add_metric([name], s["replaced"])
+            if s["resize_reason"]:
+                change.add_metric([name, s["resize_reason"]], 1)
             batches.add_metric([name], s["batches"])
             samples.add_metric([name], s["samples"])
             skipped.add_metric([name], s["skipped"])
@@ -90,7 +107,7 @@ class Collector(_PrometheusCollector):
                 if w.get("uss_bytes") is not None:
                     private.add_metric([name, str(w["worker"])], w["uss_bytes"])
             ready.add_metric([name], s["ring_ready"])
-        yield from (batches, samples, skipped, fetched, wait, busy, ready, private)
+        yield from (batches, samples, skipped, fetched, wait, busy, ready, private, processes, most, change, replaced)
 
 
 def _stats_of(loader: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import spindle
 import spindle.torch as storch
 from spindle import StallWarning
 from spindle import pipeline as sp
+from toy_datasets import Waits
 
 
 class Sleepy:
@@ -151,6 +152,33 @@ def test_prometheus_text_parses_and_equals_stats():
         for w in st["workers"]:
             ratio = samples[("spindle_worker_busy_ratio", (("loader", name), ("worker", str(w["worker"]))))]
             assert 0.0 <= ratio <= 1.0
+        assert samples[("spindle_processes", label)] == st["processes"]
+        assert samples[("spindle_max_processes", label)] == st["max_processes"]
+        assert samples[("spindle_workers_replaced_total", label)] == st["replaced"]
+
+
+def test_prometheus_shows_autos_processes_and_the_reason_of_the_last_change():
+    """Proves: for a num_workers="auto" loader that grew, the exposition has the processes running,
+    the most it may run, and the last change's reason as the INFO line words it (stats()'s)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from spindle.metrics import Collector
+
+    loader = spindle.DataLoader(Waits(300, 0.01), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    for _ in range(60):
+        next(it)
+    registry = CollectorRegistry()
+    registry.register(Collector({"auto": loader}))
+    text = generate_latest(registry).decode()
+    st = loader.stats()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert st["processes"] > 1 and " worker processes (at most " in st["resize_reason"], st
+    assert samples[("spindle_processes", (("loader", "auto"),))] == st["processes"]
+    assert samples[("spindle_max_processes", (("loader", "auto"),))] == st["max_processes"]
+    assert samples[("spindle_processes_change_info", (("loader", "auto"), ("reason", st["resize_reason"])))] == 1
+    del it
 
 
 def test_importing_spindle_does_not_import_prometheus_client():
