@@ -335,10 +335,12 @@ test-torch-oldest: wheel build/versions/torch-2.4.1/.versions-ok
 	build/versions/torch-2.4.1/bin/python -m pytest -q -p no:cacheprovider $(TORCH_OLDEST_TESTS)
 
 # spindle.grain's own tests on the oldest grain it serves (0.2.12, where spindle's workers stand in
-# grain's pool: spindle/grain/_pool.py), against the same wheel; the tests of what grain 0.2.12 lacks skip.
+# grain's pool: spindle/grain/_pool.py), and its logical-worker tests (a short budget), against the
+# same wheel; the tests of what grain 0.2.12 lacks skip.
 test-grain-oldest: wheel build/versions/grain-0.2.12/.versions-ok
 	build/versions/grain-0.2.12/bin/python -m pip install -q --force-reinstall --no-deps $(SPINDLE_CP311_WHEEL)
-	build/versions/grain-0.2.12/bin/python -m pytest -q -p no:cacheprovider tests/python/test_grain_dropin.py
+	build/versions/grain-0.2.12/bin/python -m pytest -q -p no:cacheprovider tests/python/test_grain_dropin.py \
+	  tests/python/test_logical_workers.py -k "grain or Grain"
 
 .PHONY: test-peers-versions test-torch-oldest test-grain-oldest
 # === end of the version matrix ===========================================================

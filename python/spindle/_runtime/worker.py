@@ -9,6 +9,7 @@ is pickled into the slot for the consumer to re-raise, and the worker goes on.
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import random
@@ -46,10 +47,18 @@ def current_logical_worker() -> int:
     return _current_logical
 
 
-def serves_many_logical_workers() -> bool:
-    """In a worker: whether this process runs more than one logical worker (a short budget), so
-    per-worker objects a front end mutates (grain slices its dataset in place) need a copy each."""
-    return _serves_many
+_pristine: dict[int, Any] = {}  # per object a front end copies per logical worker: it as forked
+
+
+def copy_per_logical_worker(obj: Any) -> Any:
+    """In a worker: `obj` itself when this process runs one logical worker, else a copy of `obj` as it
+    was forked, one per logical worker (for a per-worker object a front end mutates: grain slices its
+    pipeline in place)."""
+    if not _serves_many:
+        return obj
+    if id(obj) not in _pristine:
+        _pristine[id(obj)] = copy.deepcopy(obj)
+    return copy.deepcopy(_pristine[id(obj)])
 
 
 class LogicalWorkers:

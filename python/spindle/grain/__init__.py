@@ -46,8 +46,7 @@ from .._runtime.forking import call_in_fork
 from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
 from .._runtime.start import StartSpec, replacements_for, start
-from .._runtime.worker import (batch_decoder, current_logical_worker, run_stream_worker,
-                              serves_many_logical_workers)
+from .._runtime.worker import batch_decoder, copy_per_logical_worker, current_logical_worker, run_stream_worker
 from ..errors import WorkerDiedError
 
 __all__ = ["DataLoader", "mp_prefetch"]
@@ -286,7 +285,6 @@ class _WorkerSlice:
 
     iterators: dict[int, Any] = {}
     initial_states: dict[int, Any] = {}  # of each slice before its first element
-    pristine: Any = None  # the pipeline unsliced, when this process runs several slices
 
     @staticmethod
     def restart(message: bytes) -> None:
@@ -316,12 +314,7 @@ def _slice_for_worker(worker_id: int, num_workers: int, *, ds: Any, sequential_s
     resume from `states[worker_id]` when given."""
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
-    if serves_many_logical_workers():
-        # Slicing mutates the dataset: each logical worker this process runs slices a copy of
-        # the pipeline as it was forked.
-        if _WorkerSlice.pristine is None:
-            _WorkerSlice.pristine = copy.deepcopy(ds)
-        ds = copy.deepcopy(_WorkerSlice.pristine)
+    ds = copy_per_logical_worker(ds)  # slicing mutates the dataset
     it = _worker_iterator(ds, num_workers, worker_id, sequential_slice, options)
     _WorkerSlice.initial_states[worker_id] = it.get_state()
     if states is not None and states[worker_id] is not None:

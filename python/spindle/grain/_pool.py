@@ -14,7 +14,6 @@ without grain's read threads.
 
 from __future__ import annotations
 
-import copy
 from multiprocessing import resource_tracker
 from functools import partial
 from typing import Any, Callable, Iterator, Optional
@@ -27,7 +26,7 @@ from .._runtime.epoch import EpochIterator
 from .._runtime.layout import BatchReader
 from .._runtime.stats import StatsBook
 from .._runtime.start import StartSpec, start
-from .._runtime.worker import batch_decoder, current_logical_worker, run_stream_worker, serves_many_logical_workers
+from .._runtime.worker import batch_decoder, copy_per_logical_worker, current_logical_worker, run_stream_worker
 
 
 class Pool(_compat.pool_base()):  # type: ignore[misc]  # grain's class: its iterators check isinstance
@@ -109,7 +108,6 @@ class _Produced:
     """In a worker: (logical worker, element) for each element grain's producer gives that worker."""
 
     iterators: dict[int, Iterator[Any]] = {}
-    pristine: Any = None  # the producer as forked, when this process runs several logical workers
 
     def __iter__(self) -> Iterator[Any]:
         worker = current_logical_worker()
@@ -123,12 +121,7 @@ def _producer_for_worker(worker_id: int, num_workers: int, *, producer: Any,
     worker_init_fn, then the producer's iterator for this worker, reading without threads."""
     if worker_init_fn is not None:
         worker_init_fn(worker_id, num_workers)
-    if serves_many_logical_workers():
-        # grain's producer slices its pipeline in place: each logical worker this process runs gets a
-        # copy of the producer as it was forked.
-        if _Produced.pristine is None:
-            _Produced.pristine = copy.deepcopy(producer)
-        producer = copy.deepcopy(_Produced.pristine)
+    producer = copy_per_logical_worker(producer)  # it slices its pipeline in place
     _compat.producer_reads_in_this_thread(producer)
     _Produced.iterators[worker_id] = producer(worker_index=worker_id, worker_count=num_workers)
 
