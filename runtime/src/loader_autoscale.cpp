@@ -16,15 +16,18 @@
 //     process retires;
 //   - the user's task budget (ulimit -u, the cgroup's pids.max) has fewer
 //     than LoaderOptions::reserve_tasks free (the consumer's own threads grew:
-//     a checkpoint, an eval): processes retire until it has, before a
-//     pthread_create anywhere fails (checked every kBudgetPeriod); and no
-//     process is added that would leave fewer.
+//     a checkpoint, an eval; a runtime started threads in the workers):
+//     processes retire until it has, before a pthread_create anywhere fails
+//     (checked every kBudgetPeriod); and no process is added that would leave
+//     fewer. A process costs what its busiest worker runs now: the threads a
+//     dataset's runtimes start inside the workers count (polars, Arrow).
 // A retiring worker exits at its next claim (WorkerRecord::retire): never with
 // a batch in hand. Each change is one line to on_resized, with its numbers.
 //
 // A fixed count (not adaptive) where any worker takes any batch follows the
 // budget alone, when the budget is finite: processes retire as above, and come
-// back one at a time once kRoomAgain tasks beyond the reserve are free.
+// back one at a time once a process's threads and kSpareAgain tasks more are free
+// beyond the reserve.
 #include <spindle/loader.hpp>
 
 #include <algorithm>
@@ -49,7 +52,7 @@ constexpr double kFreeCore = 0.5;    // cores left idle that count as a free cor
 constexpr double kIoBound = 0.25;    // a process using less CPU than this mostly waits (I/O): one more costs little
 constexpr double kIdleWait = 0.02;   // next() waited less than this share...
 constexpr double kIdleBusy = 0.5;    // ...and the workers were busy less than this share of their time
-constexpr int kRoomAgain = 2;        // a fixed count takes a retired process back with this much room beyond the reserve
+constexpr int kSpareAgain = 1;       // a fixed count takes a retired process back with its threads and this many more free beyond the reserve
 constexpr int kIdleWindows = 5;      // for this many windows in a row
 constexpr double kFastWait = 0.5;    // waited more than this: up to four times the processes at once
 
@@ -109,18 +112,34 @@ void Loader::autoscale() {
     BudgetSources sources = options_.budget_sources;
     return ThreadBudget(sources).budget();
   };
+  // What a process of this loader costs the budget: the threads its busiest worker runs now (the
+  // runtimes a dataset starts inside it count: polars, Arrow), at least one.
+  auto threads_each = [&] {
+    int64_t most = 1;
+    for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+      if (live_[w] != 1) continue;
+      try {
+        if (const auto st = procfs::read_stat(r.worker(w).pid.load(std::memory_order_relaxed)))
+          most = std::max(most, st->num_threads);
+      } catch (const std::exception&) {
+      }  // gone meanwhile
+    }
+    return most;
+  };
   if (now - a.budget_checked >= kBudgetPeriod && plan_.budget != kUnlimited) {
     a.budget_checked = now;
     const int64_t free = free_tasks();
     if (free < reserve && running > 1) {
-      const auto n = static_cast<int>(std::min<int64_t>(running - 1, reserve - free));
+      const int64_t each = threads_each();
+      const auto n = static_cast<int>(std::min<int64_t>(running - 1, (reserve - free + each - 1) / each));
       for (int i = 0; i < n; ++i)
         retire_process(std::to_string(free) + " task" + (free == 1 ? "" : "s") +
                        " of the user's budget left (ulimit -u, the cgroup's pids.max), " + std::to_string(reserve) +
-                       " kept for the consumer: fewer processes before a thread cannot start");
+                       " kept for the consumer, " + std::to_string(each) + " thread" + (each == 1 ? "" : "s") +
+                       " a process: fewer processes before a thread cannot start");
       return measure();
     }
-    if (!options_.adaptive && running < options_.num_workers && free >= reserve + kRoomAgain) {
+    if (!options_.adaptive && running < options_.num_workers && free >= reserve + threads_each() + kSpareAgain) {
       add_processes(1, "the user's budget has " + std::to_string(free) + " tasks free again");
       return measure();
     }
@@ -161,8 +180,10 @@ void Loader::autoscale() {
         per_process > 0.01 ? static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process)) : most;
     const int step = wait_share > kFastWait ? 3 * running : running;  // to 4x, or 2x
     int n = std::clamp(std::min(fit, step), 1, most - running);
-    const int64_t free = free_tasks();  // none that would leave the consumer less than its reserve
-    n = static_cast<int>(std::min<int64_t>(n, free - reserve));
+    if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
+      const int64_t free = free_tasks();
+      n = static_cast<int>(std::min<int64_t>(n, (free - reserve) / threads_each()));
+    }
     if (n < 1) return measure();
     add_processes(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
                          " s with " + fixed(std::max(0.0, free_cores)) + " of " + std::to_string(a.cpus) +

@@ -215,6 +215,52 @@ def test_the_zoo_at_48_tasks_counts_what_its_workers_ran_and_stays_under_the_lim
     assert leases and "polars x4" in leases[0] and "Arrow x2" in leases[0], r["warnings"]
 
 
+# num_workers="auto" over the zoo at 48 tasks of headroom, each sample waiting 50 ms first (a remote read),
+# so that the processes grow fast (the workers wait: I/O) and each new one starts polars's and Arrow's
+# threads: no count known before the start can say what a process costs. Growth counts what the busiest
+# worker runs now, so the processes stop where the budget (less the consumer's reserve) holds them.
+AUTO_AT_48 = ZOO.replace('''if sys.argv[1] == "reference":''', '''if len(sys.argv) == 1:
+    import time
+    from spindle.bench.tree import uid_tasks
+    import spindle
+
+    class Waiting(Zoo):
+        def __getitem__(self, i):
+            time.sleep(0.05)
+            return super().__getitem__(i)
+
+    folder = tempfile.mkdtemp(prefix="spindle-zoo-")
+    dataset = Waiting(write_parquet(folder), 192)
+    dataset.names = False
+    dataset.warm(0)
+    limit, peak, most, busiest, seen = int(os.environ["SPINDLE_TEST_NPROC_LIMIT"]), 0, 0, 0, []
+    loader = spindle.DataLoader(dataset, batch_size=4, num_workers="auto")
+    it = iter(loader)
+    for batch in it:
+        seen += [int(i) for i in batch["index"]]
+        peak = max(peak, uid_tasks(os.getuid()))
+        most = max(most, len(it.worker_pids))
+        busiest = max(busiest, int(max(batch["threads"])))
+    print(json.dumps(dict(complete=sorted(seen) == list(range(192)), peak=peak, limit=limit, most=most,
+                          threads=busiest, reason=loader.stats()["resize_reason"])))
+    sys.exit()
+if sys.argv[1] == "reference":''')
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged uid")
+def test_auto_grows_the_zoo_only_as_far_as_its_workers_threads_fit_under_48_tasks():
+    """Proves: as an unprivileged uid with 48 tasks of headroom, num_workers="auto" over zoo samples that wait
+    50 ms grows past one process, but only as far as processes of 7 threads each (polars's and Arrow's,
+    started inside the workers) fit beside the consumer's reserve: every sample once, and the uid's tasks
+    never reach the limit."""
+    done = run_limited(AUTO_AT_48, headroom=48, timeout=240, packages=_STAGED)
+    assert done.returncode == 0, done.stderr[-4000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["complete"] and r["peak"] < r["limit"], r
+    assert r["threads"] >= 5 and 1 < r["most"] <= 48 // r["threads"], r
+
+
 # A training loop that saves a checkpoint mid-epoch: its writer starts 6 threads in the consumer (orbax's
 # async checkpointer starts its commit thread and executors the same way) while 24 workers were asked for
 # under 24 tasks of headroom.
