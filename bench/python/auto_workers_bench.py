@@ -38,6 +38,11 @@ Workloads:
   fetching each sample over HTTP is the I/O-latency case auto does accept.
   Batch 16, not 64: one worker takes ~1.3 s for 64 samples at 20 ms each, so
   an epoch of a few seconds would be a handful of batches.
+* ``grain-http``: the same HTTP samples through spindle.grain.DataLoader
+  (records in order, grain's Batch(16)): streams, one per worker, so "auto"
+  keeps ``spindle.grain.auto_workers()`` logical workers (their elements
+  are those of that fixed count) and restarts them on more processes from
+  their states when the controller advises it.
 
 The image folder: ``make_image_folder`` writes ``--images`` distinct JPEGs
 (q90, 300-500 px); the folder read is that many hard links repeated to
@@ -145,6 +150,33 @@ class HttpSamples:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+
+class GrainLoader:
+    """spindle.grain.DataLoader over HttpSamples' records in order, grain's Batch(IO_BATCH): a stream per
+    worker (worker w reads records w, w + N, ...), so "auto" keeps auto_workers() logical workers
+    and moves the processes under them. len() and stats() for run_epoch."""
+
+    def __init__(self, source: HttpSamples, workers: Any) -> None:
+        import grain
+        import spindle.grain as sgrain
+        from absl import flags
+
+        flags.FLAGS.mark_as_parsed()  # grain reads absl flags
+        self.n = len(source)
+        sampler = grain.samplers.IndexSampler(num_records=self.n, shard_options=grain.sharding.NoSharding(),
+                                              shuffle=False, num_epochs=1, seed=0)
+        self.loader = sgrain.DataLoader(data_source=source, sampler=sampler, worker_count=workers,
+                                        operations=[grain.transforms.Batch(IO_BATCH, drop_remainder=False)])
+
+    def __len__(self) -> int:
+        return -(-self.n // IO_BATCH)
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def stats(self) -> dict[str, Any]:
+        return self.loader.stats()
 
 
 class Arrays:
@@ -291,6 +323,9 @@ def workloads(args: argparse.Namespace, folder: Path, port: int) -> dict[str, di
                              description=f"spindle.DataLoader, each of {len(io):,} samples (64x64x3 uint8) a GET "
                                          f"to a local HTTP server that sleeps {LATENCY_S * 1e3:.0f} ms per request, "
                                          f"batch {IO_BATCH}"),
+        "grain-http": dict(samples=len(io), make=lambda w: GrainLoader(io, w),
+                           description=f"spindle.grain.DataLoader over the same {len(io):,} HTTP samples in order, "
+                                       f"grain's Batch({IO_BATCH}): streams, auto_workers() logical workers"),
     }
 
 
@@ -440,7 +475,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, help="distinct JPEGs generated (default 400)")
     parser.add_argument("--folder", type=int, help="files of the image folder read, hard links (default 4608)")
     parser.add_argument("--http", type=int, help="samples of the http-latency workload (default 1536)")
-    parser.add_argument("--workloads", default="arrays,jpeg-pil,jpeg-native,http-latency")
+    parser.add_argument("--workloads", default="arrays,jpeg-pil,jpeg-native,http-latency,grain-http")
     parser.add_argument("--settings", default=",".join(map(str, SETTINGS)))
     parser.add_argument("--no-pair", action="store_true", help="skip the two-consumer scenario")
     parser.add_argument("--pair-seconds", type=float, default=30.0)

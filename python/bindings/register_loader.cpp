@@ -119,6 +119,9 @@ void register_stats(py::module_& m) {
 }  // namespace
 
 void register_loader(py::module_& m) {
+  m.def("auto_workers", [] { return auto_workers(); },
+        "The core's count for num_workers=\"auto\" on this process's usable cpus: the most processes of an "
+        "adaptive loader, and the logical workers of adaptive streams (spindle.grain).");
   register_stats(m);  // before Loader, whose stats() returns one
   py::class_<LoaderOptions>(m, "LoaderOptions",
                             "How a Loader runs (loader.hpp): workers, slots, ordering, waiting and the thread "
@@ -164,7 +167,11 @@ void register_loader(py::module_& m) {
                      "loader with WorkerDiedError; planned batches only).")
       .def_readwrite("adaptive", &LoaderOptions::adaptive,
                      "num_workers is the most processes (0: the core's choice); processes are added and "
-                     "retired as the consumer waits or the workers idle (planned batches any worker takes).")
+                     "retired as the consumer waits or the workers idle (planned batches any worker takes). "
+                     "Streams with logical workers: the change is advised (Loader.advised_processes).")
+      .def_readwrite("processes", &LoaderOptions::processes,
+                     "With logical_workers: the most processes to run the num_workers logical workers on "
+                     "(0: num_workers).")
       .def_readwrite("reserve_tasks", &LoaderOptions::reserve_tasks,
                      "Adaptive: tasks of the user's budget kept free for the consumer's own threads.")
       .def("__repr__", &describe);
@@ -305,6 +312,9 @@ void register_loader(py::module_& m) {
       .def_property_readonly("copied_out", &Loader::copied_out)
       .def_property_readonly("processes", &Loader::processes,
                              "Worker processes running now (adaptive: between 1 and plan.num_workers).")
+      .def_property_readonly("advised_processes", &Loader::advised_processes,
+                             "Adaptive streams: the processes the controller wants the streams started again on "
+                             "(0: none yet); the loader goes on as it is.")
       .def_property_readonly("replaced", &Loader::replaced,
                              "Workers started again in place of lost ones since the loader started.")
       .def("stats", &Loader::stats, py::call_guard<py::gil_scoped_release>(),

@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'BUDGET_POLICIES', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'open_process_fd', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'resolve_budget_policy', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'BUDGET_POLICIES', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'auto_workers', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'open_process_fd', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'resolve_budget_policy', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -349,7 +349,7 @@ class LoaderOptions:
     @property
     def adaptive(self) -> bool:
         """
-        num_workers is the most processes (0: the core's choice); processes are added and retired as the consumer waits or the workers idle (planned batches any worker takes).
+        num_workers is the most processes (0: the core's choice); processes are added and retired as the consumer waits or the workers idle (planned batches any worker takes). Streams with logical workers: the change is advised (Loader.advised_processes).
         """
     @adaptive.setter
     def adaptive(self, arg0: bool) -> None:
@@ -455,6 +455,14 @@ class LoaderOptions:
         """
     @prefetch_factor.setter
     def prefetch_factor(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def processes(self) -> int:
+        """
+        With logical_workers: the most processes to run the num_workers logical workers on (0: num_workers).
+        """
+    @processes.setter
+    def processes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     @property
     def reserve_tasks(self) -> int:
@@ -577,6 +585,11 @@ class Loader:
     def stats(self) -> LoaderStats:
         """
         Counts since the loader started or reset_stats(), and the ring's and workers' state now (safe from any thread).
+        """
+    @property
+    def advised_processes(self) -> int:
+        """
+        Adaptive streams: the processes the controller wants the streams started again on (0: none yet); the loader goes on as it is.
         """
     @property
     def budget_note(self) -> str:
@@ -1055,6 +1068,10 @@ def arena_extra_threads() -> int:
 def arm_parent_death(parent: typing.SupportsInt | typing.SupportsIndex, signal: typing.SupportsInt | typing.SupportsIndex) -> bool:
     """
     In a child of parent: asks for signal when the parent dies (PR_SET_PDEATHSIG), then checks it had not died already. False if it had (exit then). OSError if prctl refuses the signal.
+    """
+def auto_workers() -> int:
+    """
+    The core's count for num_workers="auto" on this process's usable cpus: the most processes of an adaptive loader, and the logical workers of adaptive streams (spindle.grain).
     """
 def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
     """

@@ -92,14 +92,20 @@ void Loader::launch(Launcher& launcher) {
 void Loader::prepare(bool threads) {
   const LoaderOptions& options = options_;
   if (options.adaptive) {
-    if (options.round_robin || options.assign_in_turn || threads)
-      SPINDLE_THROW(std::invalid_argument, "spindle: adaptive processes need planned batches that any worker may take: "
-                                           "not round_robin, assign_in_turn or worker threads");
+    const bool streams = options.round_robin && options.logical_workers;
+    if ((options.round_robin && !streams) || options.assign_in_turn || threads)
+      SPINDLE_THROW(std::invalid_argument, "spindle: adaptive processes need planned batches that any worker may take, "
+                                           "or streams with logical workers: not assign_in_turn, round_robin without "
+                                           "logical_workers, or worker threads");
     if (options.num_workers == 0) {  // the core's choice of the most processes
-      BudgetSources sources = options.budget_sources;
-      options_.num_workers = std::min(kAutoMax, kAutoPerCpu * ThreadBudget(sources).cpus());
+      if (streams)
+        SPINDLE_THROW(std::invalid_argument, "spindle: adaptive streams need their logical workers (num_workers; "
+                                             "auto_workers() is the core's choice)");
+      options_.num_workers = auto_workers(options.budget_sources);
     }
   }
+  if (options.processes < 0)
+    SPINDLE_THROW(std::invalid_argument, "spindle: processes must be >= 0 (got " + std::to_string(options.processes) + ")");
   if (options.num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a Loader needs num_workers >= 1 (got " +
                                              std::to_string(options.num_workers) + ")");
@@ -135,15 +141,21 @@ void Loader::prepare(bool threads) {
   // The ledger grants the plan (possibly fewer workers, per budget_policy)
   // and records it before anything is forked; see budget_ledger.hpp.
   requested_workers_ = options.num_workers;
+  const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
+  // Logical workers on the processes a front end chose (LoaderOptions::processes), or on all of them.
+  const int processes =
+      logical && options.processes > 0 ? std::min(options.processes, options.num_workers) : options.num_workers;
   LedgerGrant grant = BudgetLedger::global().acquire(
-      options.num_workers, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
+      processes, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
       options.budget_poll);
   plan_ = grant.plan;
   leases_ = std::make_unique<LoaderLeases>();
   leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
-  running_.store(options.adaptive ? 1 : plan_.num_workers);
+  // Adaptive: one process, more as autoscale() finds them needed; adaptive streams run all they were
+  // given (the controller's changes are advice: advised_processes()).
+  running_.store(options.adaptive && !advises() ? 1 : plan_.num_workers);
   live_.assign(static_cast<std::size_t>(plan_.num_workers), 0);
   std::fill(live_.begin(), live_.begin() + running_.load(), 1);
   // Adaptive processes, and a fixed count where any worker takes any batch under a finite budget:
@@ -153,7 +165,6 @@ void Loader::prepare(bool threads) {
     auto_ = std::make_unique<AutoScale>();
     auto_->cpus = ThreadBudget(sources).cpus();
   }
-  const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
   logical_ = static_cast<uint32_t>(logical ? requested_workers_ : plan_.num_workers);
   if (logical && !budget_note_.empty()) {
     // The ledger's "N workers asked, P started: <why>" said as what it means here:
@@ -205,7 +216,8 @@ void Loader::prepare(bool threads) {
   // in flight start with their payload reserved (here, and mapped again in every worker forked): the
   // others start with the minimum and grow in place when a worker first fills them. (A native
   // pipeline's slot is megabytes: reserving 34 of them took iter() 0.2 s.)
-  const uint32_t up_front = options.adaptive ? std::min<uint32_t>(g.num_slots, inflight_target_ + 2) : g.num_slots;
+  const uint32_t up_front = options.adaptive && !advises() ? std::min<uint32_t>(g.num_slots, inflight_target_ + 2)
+                                                           : g.num_slots;
   for (uint32_t s = up_front; s < g.num_slots; ++s) ring_->ring.slot(s).reserved = BatchRing::kMinSlotStride;
   for (uint32_t s = 0; s < g.num_slots; ++s)
     ring_->segment.reserve(static_cast<std::size_t>(ring_->ring.payload(s) - ring_->segment.data()),

@@ -24,6 +24,12 @@
 // A retiring worker exits at its next claim (WorkerRecord::retire): never with
 // a batch in hand. Each change is one line to on_resized, with its numbers.
 //
+// Adaptive streams (round_robin with logical workers, spindle.grain's "auto"):
+// a stream's position lives in the process that runs it, so the same
+// decisions are advice instead (advised_processes(), one line to on_resized),
+// and the controller stops there: the front end starts its streams again on
+// that many processes from the state of each one's last element delivered.
+//
 // A fixed count (not adaptive) where any worker takes any batch follows the
 // budget alone, when the budget is finite: processes retire as above, and come
 // back one at a time once a process's threads and kSpareAgain tasks more are free
@@ -81,6 +87,11 @@ std::string fixed(double v, int digits = 1) {
 
 }  // namespace
 
+int auto_workers(const BudgetSources& sources) {
+  BudgetSources copy = sources;
+  return std::min(kAutoMax, kAutoPerCpu * ThreadBudget(copy).cpus());
+}
+
 std::string Loader::resize_reason() const {
   std::lock_guard lock(pids_mu_);
   return auto_ ? auto_->reason : std::string();
@@ -104,7 +115,7 @@ void Loader::autoscale() {
   };
   if (a.since == Clock::time_point{}) return measure();  // the first window starts
   const auto window = now - a.since;
-  if (window < kWindow || closed()) return;
+  if (window < kWindow || closed() || advised_.load() != 0) return;  // advised: the front end restarts
 
   const int running = running_.load();
   const int64_t reserve = options_.reserve_tasks;
@@ -132,8 +143,7 @@ void Loader::autoscale() {
     if (free < reserve && running > 1) {
       const int64_t each = threads_each();
       const auto n = static_cast<int>(std::min<int64_t>(running - 1, (reserve - free + each - 1) / each));
-      for (int i = 0; i < n; ++i)
-        retire_process(std::to_string(free) + " task" + (free == 1 ? "" : "s") +
+      shrink(n, std::to_string(free) + " task" + (free == 1 ? "" : "s") +
                        " of the user's budget left (ulimit -u, the cgroup's pids.max), " + std::to_string(reserve) +
                        " kept for the consumer, " + std::to_string(each) + " thread" + (each == 1 ? "" : "s") +
                        " a process: fewer processes before a thread cannot start");
@@ -172,7 +182,7 @@ void Loader::autoscale() {
   const double busy_share =
       static_cast<double>(busy_ns > a.busy_ns ? busy_ns - a.busy_ns : 0) / 1e9 / seconds / std::max(1, running);
 
-  const int most = options_.num_workers;
+  const int most = advises() ? static_cast<int>(logical_) : options_.num_workers;  // streams: one a logical worker
   const double per_process = worker_cores / std::max(1, running);
   if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
     a.idle_windows = 0;
@@ -185,13 +195,13 @@ void Loader::autoscale() {
       n = static_cast<int>(std::min<int64_t>(n, (free - reserve) / threads_each()));
     }
     if (n < 1) return measure();
-    add_processes(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
+    grow(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
                          " s with " + fixed(std::max(0.0, free_cores)) + " of " + std::to_string(a.cpus) +
                          " cores free and " + fixed(per_process, 2) + " cores used per process");
   } else if (wait_share < kIdleWait && busy_share < kIdleBusy && running > 1) {
     if (++a.idle_windows >= kIdleWindows) {
       a.idle_windows = 0;
-      retire_process("the workers were busy " + fixed(100 * busy_share, 0) + "% of their time and next() waited " +
+      shrink(1, "the workers were busy " + fixed(100 * busy_share, 0) + "% of their time and next() waited " +
                      fixed(100 * wait_share, 0) + "% for " + std::to_string(kIdleWindows) +
                      " windows: the consumer sets the pace");
     }
@@ -199,6 +209,34 @@ void Loader::autoscale() {
     a.idle_windows = 0;
   }
   measure();
+}
+
+void Loader::grow(int n, const std::string& why) {
+  if (!advises()) return add_processes(n, why);
+  const int before = running_.load();
+  advised_.store(before + n);
+  note_resize(before, before + n, why + "; the streams start again on them from their states");
+}
+
+void Loader::shrink(int n, const std::string& why) {
+  if (!advises()) {
+    for (int i = 0; i < n; ++i) retire_process(why);
+    return;
+  }
+  const int before = running_.load();
+  advised_.store(std::max(1, before - n));
+  note_resize(before, std::max(1, before - n), why + "; the streams start again on them from their states");
+}
+
+void Loader::note_resize(int before, int after, const std::string& why) {
+  const int most = advises() ? static_cast<int>(logical_) : options_.num_workers;
+  const std::string line = "spindle: " + std::to_string(before) + " -> " + std::to_string(after) +
+                           " worker processes (at most " + std::to_string(most) + "): " + why + ".";
+  {
+    std::lock_guard lock(pids_mu_);
+    auto_->reason = line;
+  }
+  if (options_.on_resized) options_.on_resized(line);
 }
 
 void Loader::add_processes(int n, const std::string& why) {
@@ -228,13 +266,7 @@ void Loader::add_processes(int n, const std::string& why) {
   refresh_pids();
   inflight_target_ = inflight_target(ring_->ring.geometry().num_slots - 2, running_.load());
   post_more();
-  const std::string line = "spindle: " + std::to_string(before) + " -> " + std::to_string(running_.load()) +
-                           " worker processes (at most " + std::to_string(options_.num_workers) + "): " + why + failed + ".";
-  {
-    std::lock_guard lock(pids_mu_);
-    auto_->reason = line;
-  }
-  if (options_.on_resized) options_.on_resized(line);
+  note_resize(before, running_.load(), why + failed);
 }
 
 void Loader::retire_process(const std::string& why) {
@@ -250,13 +282,7 @@ void Loader::retire_process(const std::string& why) {
   running_.fetch_sub(1);
   r.queue(0).wake_all();  // a sleeping claimer sees its flag now
   inflight_target_ = inflight_target(r.geometry().num_slots - 2, running_.load());
-  const std::string line = "spindle: " + std::to_string(before) + " -> " + std::to_string(running_.load()) +
-                           " worker processes (at most " + std::to_string(options_.num_workers) + "): " + why + ".";
-  {
-    std::lock_guard lock(pids_mu_);
-    auto_->reason = line;
-  }
-  if (options_.on_resized) options_.on_resized(line);
+  note_resize(before, running_.load(), why);
 }
 
 bool Loader::retired(const WorkerExit& e) {

@@ -116,7 +116,7 @@ LoaderStats Loader::stats() const {
   }
   out.copied_out = copied_out_;
   out.processes = running_.load();
-  out.max_processes = options_.num_workers;
+  out.max_processes = advises() ? static_cast<int>(logical_) : options_.num_workers;
   out.replaced = replaced_total_;
   out.resize_reason = resize_reason();
   const int64_t now = monotonic_ns();

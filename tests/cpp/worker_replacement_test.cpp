@@ -1,6 +1,7 @@
 // Processes that follow the run: a lost worker replaced (LoaderOptions::max_replacements) with no
 // sample lost or repeated, a poison sample named at its second loss, the limit; adaptive processes
-// (LoaderOptions::adaptive) growing on waiting samples and giving the same batches.
+// (LoaderOptions::adaptive) growing on waiting samples and giving the same batches; adaptive streams
+// advised another count of processes.
 #include <spindle/error.hpp>
 #include <spindle/loader.hpp>
 
@@ -128,12 +129,69 @@ TEST(AdaptiveProcesses, GrowOnWaitingSamplesWithTheSameBatches) {
   EXPECT_EQ(loader.stats().max_processes, 8);
 }
 
-// Proves: adaptive processes refuse streams (their data depends on the worker count).
-TEST(AdaptiveProcesses, RefuseStreams) {
+// Proves: adaptive streams need logical workers (without them the data depends on the processes) and
+// their count (the front end knows the logical workers its data is defined by).
+TEST(AdaptiveProcesses, RefuseStreamsWithoutLogicalWorkers) {
   LoaderOptions o = testing::fixed_sample_options(4, 4, kSampleBytes);
   o.adaptive = true;
   o.round_robin = true;
   EXPECT_THROW(Loader(o, {}, Launcher::fork([](WorkerContext&) { return 0; })), std::invalid_argument);
+  o.logical_workers = true;
+  o.num_workers = 0;
+  EXPECT_THROW(Loader(o, {}, Launcher::fork([](WorkerContext&) { return 0; })), std::invalid_argument);
+}
+
+// Logical worker l's stream: 24 elements l * 1000 + k, each after 4 ms (a remote read); a process keeps
+// a position per logical worker it serves.
+int slow_logical_streams(WorkerContext& ctx) {
+  std::vector<int> done(static_cast<std::size_t>(ctx.logical_workers()), 0);
+  while (auto item = ctx.claim()) {
+    int& k = done[static_cast<std::size_t>(item->stream)];
+    if (k == 24) {
+      ctx.exhausted(*item);
+      continue;
+    }
+    std::this_thread::sleep_for(4ms);
+    const int32_t value = item->stream * 1000 + k++;
+    std::memcpy(item->out.data(), &value, sizeof value);
+    ctx.commit(*item, 1);
+  }
+  return 0;
+}
+
+// Proves: adaptive streams with logical workers start on the processes given (LoaderOptions::processes);
+// while next() waits on slow elements the controller advises more (one on_resized line, "from their
+// states") and changes nothing itself: one process goes on giving the elements of 8 logical workers in
+// turn, as a fixed run does.
+TEST(AdaptiveProcesses, StreamsAreAdvisedMoreProcessesAndKeepTheirElements) {
+  LoaderOptions o;
+  o.num_workers = 8;
+  o.batch_capacity = 1;
+  o.slot_bytes = sizeof(int32_t);
+  o.round_robin = true;
+  o.logical_workers = true;
+  o.adaptive = true;
+  o.processes = 1;
+  std::vector<std::string> lines;
+  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  Loader loader(o, {}, Launcher::fork(slow_logical_streams));
+  EXPECT_EQ(loader.processes(), 1);
+  EXPECT_EQ(loader.num_logical_workers(), 8);
+  EXPECT_EQ(loader.advised_processes(), 0);
+  std::vector<int32_t> seen;
+  while (auto b = loader.next()) seen.push_back(*reinterpret_cast<const int32_t*>(b->data().data()));
+  ASSERT_EQ(seen.size(), 8u * 24u);
+  for (std::size_t i = 0; i < seen.size(); ++i)
+    ASSERT_EQ(seen[i], static_cast<int32_t>((i % 8) * 1000 + i / 8)) << "element " << i;
+  EXPECT_GT(loader.advised_processes(), 1);
+  EXPECT_LE(loader.advised_processes(), 8);
+  EXPECT_EQ(loader.processes(), 1);
+  ASSERT_EQ(lines.size(), 1u);  // advised once: the controller waits for the front end
+  EXPECT_EQ(lines[0].rfind("spindle: 1 -> " + std::to_string(loader.advised_processes()) + " worker processes (at most 8)", 0), 0u)
+      << lines[0];
+  EXPECT_NE(lines[0].find("from their states"), std::string::npos) << lines[0];
+  EXPECT_EQ(loader.stats().max_processes, 8);
+  EXPECT_EQ(loader.resize_reason(), lines[0]);
 }
 
 }  // namespace

@@ -452,6 +452,50 @@ def test_a_grain_element_that_kills_every_worker_is_named_at_its_second_loss():
         list(sgrain.mp_prefetch(ds, options(2)))
 
 
+class Slow(grain.transforms.Map):
+    """Each element waits 4 ms first (a remote read): one process cannot keep up."""
+
+    def map(self, x):
+        import time
+        time.sleep(0.004)
+        return x
+
+
+@dataset_stage
+def test_auto_workers_grow_from_one_process_with_a_fixed_runs_elements(caplog):
+    """Proves: num_workers="auto" runs auto_workers() workers' slices (random_map's per-worker draws
+    included) on processes that start at one and grow while the loop waits: the elements are those of
+    the same count of fixed workers, in their order; each change is one INFO line; a checkpoint taken after
+    the growth resumes on the fixed run's elements; a DataLoader's worker_count="auto" is the same."""
+    import logging
+    n = sgrain.auto_workers()
+    ds = (grain.MapDataset.range(480).to_iter_dataset().map(Slow())
+          .random_map(lambda x, rng: x * 1000 + int(rng.integers(1000)), seed=9))
+    expected = list(sgrain.mp_prefetch(ds, options(n)))
+    with caplog.at_level(logging.INFO, logger="spindle"):
+        it = iter(sgrain.mp_prefetch(ds, options("auto")))
+        got = [next(it) for _ in range(300)]
+        state = it.get_state()
+        got += list(it)
+    assert got == expected
+    grew = [r.getMessage() for r in caplog.records if "start again on them from their states" in r.getMessage()]
+    assert grew and grew[0].startswith(f"spindle: 1 -> ") and f"(at most {n})" in grew[0], grew
+    resumed = iter(sgrain.mp_prefetch(ds, options("auto")))
+    resumed.set_state(state)
+    assert list(resumed) == expected[300:]
+    equal(list(loader(sgrain.DataLoader, "auto")), list(loader(sgrain.DataLoader, n)))
+
+
+@pytest.mark.skipif(not _compat.POOL, reason="grain 0.2.17 and newer run spindle's own stage, which takes auto")
+def test_auto_workers_are_refused_where_grain_fixes_the_processes():
+    """Proves: on a grain spindle serves inside grain's own iterators (before 0.2.17: make
+    test-grain-oldest), "auto" is a ValueError naming the grain and what to give."""
+    with pytest.raises(ValueError, match=r"worker_count='auto' needs grain 0.2.17 or newer.*give a number"):
+        loader(sgrain.DataLoader, "auto")
+    with pytest.raises(ValueError, match=r"num_workers='auto' needs grain 0.2.17"):
+        sgrain.mp_prefetch(grain.MapDataset.range(4).to_iter_dataset(), options("auto"))
+
+
 CONSUMER_THREADS = """
 import os, threading
 import numpy as np

@@ -15,7 +15,7 @@ def test_start_spec_defaults_are_the_cores_loader_options():
     LoaderOptions() field by field."""
     core = _core.LoaderOptions()
     shared = [f.name for f in dataclasses.fields(StartSpec) if hasattr(core, f.name) and f.name != "budget_policy"]
-    assert len(shared) == 14, shared
+    assert len(shared) == 15, shared
     assert StartSpec().budget_policy is None
     for name in shared:
         assert getattr(StartSpec(), name) == getattr(core, name), name

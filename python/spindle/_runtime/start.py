@@ -65,6 +65,7 @@ class StartSpec:
     - ``logical_workers``: with ``round_robin`` or ``assign_in_turn``, a short budget runs the
       ``num_workers`` asked as logical workers on fewer processes (logical l on process l mod P):
       the data (streams, batch turns, seeds, worker info) is that of ``num_workers`` workers.
+      ``processes`` (0: all) runs them on at most that many by choice (adaptive streams' advice).
     - ``budget_policy``: "shrink", "wait" or "fail"; None reads ``$SPINDLE_BUDGET_POLICY``
       (default "shrink") when the loader starts.
     - ``start_method``: "fork" (the default) or, for workers that must be new interpreters
@@ -82,6 +83,7 @@ class StartSpec:
     assign_in_turn: bool = _DEFAULTS.assign_in_turn
     round_robin: bool = _DEFAULTS.round_robin
     logical_workers: bool = _DEFAULTS.logical_workers
+    processes: int = _DEFAULTS.processes
     fed: bool = _DEFAULTS.fed
     first_worker: int = _DEFAULTS.first_worker
     timeout: float = _DEFAULTS.timeout
@@ -96,6 +98,14 @@ class StartSpec:
         if self.start_method not in START_METHODS:
             raise ValueError(f"start_method should be one of {', '.join(map(repr, START_METHODS))}, "
                              f"but got {self.start_method!r}")
+
+    @property
+    def processes_asked(self) -> int:
+        """The processes this spec starts before the budget: the logical workers run on ``processes``
+        of them when set (the core's rule: loader.cpp, prepare)."""
+        if self.logical_workers and self.processes > 0 and (self.round_robin or self.assign_in_turn):
+            return min(self.processes, self.num_workers)
+        return self.num_workers
 
     @property
     def spawns(self) -> bool:
@@ -142,11 +152,11 @@ def start(spec: StartSpec, body: Callable[[Any], Any], *, order: np.ndarray, sta
             if spec.pickle_warning is not None:
                 warnings.warn(spec.pickle_warning, stacklevel=stacklevel + 1)
             raise
-        with payload, held_back(options.num_workers, options.budget_policy):
+        with payload, held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    spawn_argv=worker_argv(), spawn_fds=payload.fds, spawn_env=worker_env())
     else:
-        with forking(), held_back(options.num_workers, options.budget_policy):
+        with forking(), held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    worker_main=forked_worker(body))
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)
@@ -161,11 +171,11 @@ def start_pipeline(spec: StartSpec, pipeline: Any, *, order: np.ndarray, seed: i
     The same policy and warning as :func:`start`."""
     options = spec.options()
     if threads:
-        with held_back(options.num_workers, options.budget_policy):
+        with held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
                                             seed=seed, epoch=epoch)
     else:
-        with forking(), held_back(options.num_workers, options.budget_policy):
+        with forking(), held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=False,
                                             seed=seed, epoch=epoch)
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)

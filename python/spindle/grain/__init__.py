@@ -49,7 +49,7 @@ from .._runtime.start import StartSpec, replacements_for, start
 from .._runtime.worker import batch_decoder, copy_per_logical_worker, current_logical_worker, run_stream_worker
 from ..errors import WorkerDiedError
 
-__all__ = ["DataLoader", "mp_prefetch"]
+__all__ = ["AUTO", "DataLoader", "auto_workers", "mp_prefetch"]
 
 # grain's own class, bound at import: the usual monkeypatch
 # `grain.DataLoader = spindle.grain.DataLoader` must not make ours build itself.
@@ -71,9 +71,14 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
     element delivered, as from a checkpoint: the elements go on exactly as without the loss, one
     WARNING (logger "spindle") per loss. At most ``max(3, num_workers)`` losses per iterator, and a
     worker lost twice at the same state (a poison element) is not restarted a third time: then
-    ``WorkerDiedError`` names them. ``"raise"``: the first loss raises, as grain."""
+    ``WorkerDiedError`` names them. ``"raise"``: the first loss raises, as grain.
+
+    ``options.num_workers="auto"``: spindle's choice (:func:`auto_workers`), see :class:`DataLoader`."""
     replacements_for(on_worker_death, 0)
     options = options or grain.multiprocessing.MultiprocessingOptions(num_workers=10)
+    auto = _is_auto(options.num_workers, "mp_prefetch's options.num_workers")
+    if auto:
+        options = _compat._replace(options, num_workers=auto_workers())
     operator.index(options.num_workers)  # 2.5: TypeError, as grain's own range() over the workers raises
     operator.index(options.per_worker_buffer_size)
     if options.num_workers < 0:
@@ -92,7 +97,30 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
 
         return PrefetchDataset(ds, options, worker_init_fn, losses=partial(Losses, on_worker_death))
     return _PrefetchDataset(ds, options.num_workers, max(1, options.per_worker_buffer_size), worker_init_fn,
-                            sequential_slice, on_worker_death)
+                            sequential_slice, on_worker_death, auto=bool(auto))
+
+
+AUTO = "auto"
+
+
+def auto_workers() -> int:
+    """The workers ``"auto"`` gives a grain pipeline: the core's count for this process's usable cpus
+    (8 a cpu, at most 64: ``_core.auto_workers``). grain's elements and their order are defined by the
+    worker count (worker w reads records w, w + N, ...), so this is chosen once, from the machine, and
+    the processes that run those workers follow the load (:class:`DataLoader`)."""
+    return _core.auto_workers()
+
+
+def _is_auto(count: Any, what: str) -> bool:
+    """Whether `count` asks for spindle's choice; on a grain spindle serves inside grain's own iterators
+    (before 0.2.17) or not at all, a clear error: there the processes are grain's to fix."""
+    if not isinstance(count, str) or count != AUTO:
+        return False
+    if _compat.FALLBACK is not None or _compat.POOL:
+        raise ValueError(f"spindle.grain: {what}='auto' needs grain 0.2.17 or newer, where spindle runs the "
+                         f"multi-process stage itself (grain {_compat.installed_version()} is installed): give a "
+                         "number of workers")
+    return True
 
 
 class _PrefetchDataset(grain.IterDataset):
@@ -100,8 +128,9 @@ class _PrefetchDataset(grain.IterDataset):
 
     def __init__(self, parent: Any, num_workers: int, buffer_size: int,
                  worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool,
-                 on_worker_death: str = "replace") -> None:
+                 on_worker_death: str = "replace", *, auto: bool = False) -> None:
         super().__init__(parent)
+        self._auto = auto
         self._on_worker_death = on_worker_death
         self._num_workers = num_workers
         self._buffer_size = buffer_size
@@ -111,7 +140,7 @@ class _PrefetchDataset(grain.IterDataset):
 
     def __iter__(self) -> "_PrefetchIterator":
         it = _PrefetchIterator(self._parent, self._num_workers, self._buffer_size, self._worker_init_fn,
-                               self._sequential_slice, self._on_worker_death)
+                               self._sequential_slice, self._on_worker_death, auto=self._auto)
         it._loader_stats = self._loader_stats
         return it
 
@@ -123,12 +152,21 @@ class _PrefetchDataset(grain.IterDataset):
 class _PrefetchIterator(grain.DatasetIterator):
     """Elements from the workers in turn. Its state has grain's multi-process format
     (``next_index_in_cycle`` and one iterator state per worker), so grain's DataLoader
-    checkpointing works on it unchanged."""
+    checkpointing works on it unchanged.
+
+    With ``auto``, the ``num_workers`` slices run on processes that follow the load: one at first; the
+    core's controller advises another count (the consumer waits and a core is free, the workers idle,
+    the user's task budget runs short: ``Loader.advised_processes``), and the workers start again on
+    that many from each slice's state after its last element delivered, as from a checkpoint, so the
+    elements are those of a fixed run with ``num_workers``."""
 
     def __init__(self, ds: Any, num_workers: int, buffer_size: int,
                  worker_init_fn: Optional[Callable[[int, int], None]], sequential_slice: bool,
-                 on_worker_death: str = "replace") -> None:
+                 on_worker_death: str = "replace", *, auto: bool = False) -> None:
         super().__init__()
+        self._auto = auto
+        self._processes = 1 if auto else 0  # the processes the slices run on (0: one a slice)
+        self._pickles_checked = False
         self._ds = ds
         self._losses = Losses(on_worker_death, num_workers)
         self._n = num_workers
@@ -160,6 +198,11 @@ class _PrefetchIterator(grain.DatasetIterator):
                 self._after_loss(died)  # the workers start again from the states, or it raises
         self._states[worker] = state
         self._next_in_cycle = (worker + 1) % self._n
+        if self._auto and self._runtime.advised_processes:
+            # The controller wants the slices on another count of processes: they start again from
+            # the states just kept, at the next element (on_resized logged why).
+            self._processes = self._runtime.advised_processes
+            self.close()
         return element
 
     def _after_loss(self, died: WorkerDiedError) -> None:
@@ -195,8 +238,11 @@ class _PrefetchIterator(grain.DatasetIterator):
 
     def _start(self) -> _core.Loader:
         n = self._n
-        # As grain: a pipeline its workers could not be sent pickled raises here, in grain's words.
-        _compat.check_pickles(self._ds, self._worker_init_fn)
+        # As grain: a pipeline its workers could not be sent pickled raises here, in grain's words
+        # (once: "auto" starts the workers again on other counts of processes).
+        if not self._pickles_checked:
+            _compat.check_pickles(self._ds, self._worker_init_fn)
+            self._pickles_checked = True
         setup = partial(_slice_for_worker, ds=self._ds, sequential_slice=self._sequential_slice,
                         worker_init_fn=self._worker_init_fn, states=self._states,
                         options=self._ctx.dataset_options)
@@ -208,7 +254,8 @@ class _PrefetchIterator(grain.DatasetIterator):
         # grain's slices and checkpoint state are per worker of the count the user chose: under a
         # short budget those stay the data's (logical) workers, run by fewer processes.
         spec = StartSpec(round_robin=True, logical_workers=True, first_worker=self._next_in_cycle, num_workers=n,
-                         batch_capacity=1, prefetch_factor=self._buffer_size, in_order=True)
+                         batch_capacity=1, prefetch_factor=self._buffer_size, in_order=True,
+                         adaptive=self._auto, processes=self._processes)
         return start(spec, body, order=np.empty(0, np.int64))
 
     @property
@@ -358,12 +405,22 @@ class DataLoader(HasStats):
     Iterators are grain's own DataLoaderIterator over a pipeline whose
     multi-process stage is spindle's, so ``get_state()``/``set_state()`` produce
     and accept grain's checkpoint format.
+
+    ``worker_count="auto"`` (grain 0.2.17 and newer): the elements are those of
+    :func:`auto_workers` workers (8 a cpu, at most 64), chosen once from the machine, so a
+    checkpoint resumes on the same machine type; the processes that run them start at one and follow
+    the load (more while the training loop waits for elements and a core is free, fewer when it sets
+    the pace or the user's task budget runs short), each change one INFO line (logger "spindle") and in
+    ``stats()``. A change starts the workers again from each slice's state, as a checkpoint does.
     """
 
-    def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (), worker_count: Optional[int] = 0,
-                 worker_buffer_size: int = 1, shard_options: Any = None, read_options: Any = None,
-                 enable_profiling: bool = False, on_worker_death: str = "replace") -> None:
+    def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (),
+                 worker_count: "Optional[int] | str" = 0, worker_buffer_size: int = 1, shard_options: Any = None,
+                 read_options: Any = None, enable_profiling: bool = False, on_worker_death: str = "replace") -> None:
         replacements_for(on_worker_death, 0)
+        auto = _is_auto(worker_count, "worker_count")
+        if auto:
+            worker_count = auto_workers()
         if worker_count is not None:
             operator.index(worker_count)  # 2.5: TypeError, as grain's own range() over the workers raises
         operator.index(worker_buffer_size)
@@ -393,7 +450,7 @@ class DataLoader(HasStats):
             # spindle's multi-process stage under grain's own state wrapper.
             def stage(pipeline: Any) -> _PrefetchDataset:
                 prefetch = _PrefetchDataset(pipeline, workers, max(1, worker_buffer_size), None, False,
-                                            on_worker_death)
+                                            on_worker_death, auto=auto)
                 prefetch._loader_stats = self._stats_book()
                 return prefetch
 

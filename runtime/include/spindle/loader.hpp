@@ -37,6 +37,10 @@ namespace spindle {
 // chooses when num_workers is 0, per usable cpu and in all.
 inline constexpr int kAutoPerCpu = 8;
 inline constexpr int kAutoMax = 64;
+// That count for this process's usable cpus (affinity, cgroup cpu.max): the most processes of an
+// adaptive loader with num_workers 0, and the logical workers a front end gives adaptive streams
+// (their data is defined by them: chosen once, from the machine, never from the moment's load).
+int auto_workers(const BudgetSources& sources = {});
 
 struct LoaderOptions {
   int num_workers = 1;
@@ -74,6 +78,11 @@ struct LoaderOptions {
   // The worker body must then run each logical worker's stream in turn
   // (WorkerContext::logical_workers).
   bool logical_workers = false;
+  // With logical_workers: the most processes to run the num_workers logical
+  // workers on (0: num_workers). A front end that restarts its streams on
+  // another count (LoaderOptions::adaptive's advice) sets it; the budget may
+  // start fewer still.
+  int processes = 0;
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
   std::optional<int64_t> max_threads;    // user cap on tasks the loader adds
@@ -117,9 +126,14 @@ struct LoaderOptions {
   // adds processes while next() waits for data and a core is free, and
   // retires one (at its next claim, never mid-batch) when the workers idle
   // because the consumer sets the pace, or when the user's task budget runs
-  // short (loader_autoscale.cpp). Only where any worker may take any batch:
-  // planned batches, neither round_robin nor assign_in_turn, forked or
-  // spawned processes; which process produces a batch never changes it.
+  // short (loader_autoscale.cpp). Where any worker may take any batch
+  // (planned batches, neither round_robin nor assign_in_turn, forked or
+  // spawned processes) the loader changes its processes itself: which
+  // process produces a batch never changes it. Streams with logical_workers
+  // (round_robin) cannot move a stream between processes: there the same
+  // decisions are advice (Loader::advised_processes()), and the front end
+  // starts its streams again on that many processes from their states, as
+  // from a checkpoint; num_workers is then the logical workers, which stay.
   bool adaptive = false;
   // Adaptive: tasks of the user's budget kept free for the rest of the
   // consumer (its threads, a checkpoint's burst): processes retire when fewer
@@ -276,6 +290,10 @@ class Loader {
   int replaced_this_epoch() const noexcept { return replaced_epoch_; }
   // Processes running now (not retiring); plan().num_workers is the most (LoaderOptions::adaptive).
   int processes() const noexcept { return running_.load(std::memory_order_relaxed); }
+  // Adaptive streams (LoaderOptions::adaptive with round_robin): the processes the controller
+  // wants the streams on, once it has decided (0: none yet); on_resized has had the line. The
+  // loader goes on as it is: the front end closes it and starts a new one with that many.
+  int advised_processes() const noexcept { return advised_.load(std::memory_order_relaxed); }
   // The last change of the processes and why ("" before the first).
   std::string resize_reason() const;
   // Counts since the loader started or reset_stats() (loader_stats.hpp), and
@@ -315,8 +333,14 @@ class Loader {
   // Adaptive processes (loader_autoscale.cpp): called at each delivery and supervision tick;
   // adds or retires processes once per window.
   void autoscale();
+  // More or fewer processes as the controller decides: changed in place, or advised (streams).
+  void grow(int n, const std::string& why);
+  void shrink(int n, const std::string& why);
   void add_processes(int n, const std::string& why);
   void retire_process(const std::string& why);
+  // The one line of a change from `before` processes to `after` (kept as resize_reason, to on_resized).
+  void note_resize(int before, int after, const std::string& why);
+  bool advises() const noexcept { return options_.adaptive && options_.round_robin; }
   // A retiring worker that exited at its claim: true (not a loss).
   bool retired(const WorkerExit& e);
   // pids_ and exits_ from the pool: the pids of the processes running (adaptive: not those retired).
@@ -353,6 +377,7 @@ class Loader {
   // Adaptive processes: per worker id, 1 while it runs, 2 while it retires, 0 when not running.
   std::vector<uint8_t> live_;
   std::atomic<int> running_{0};
+  std::atomic<int> advised_{0};  // advised_processes()
   std::unique_ptr<AutoScale> auto_;  // the controller's window (loader_internal.hpp)
   std::chrono::steady_clock::time_point wait_began_{};  // next() has waited since (epoch: not waiting)
   std::vector<uint32_t> inflight_;  // slots posted and not yet delivered, by batch id
