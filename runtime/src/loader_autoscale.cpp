@@ -29,6 +29,8 @@
 // decisions are advice instead (advised_processes(), one line to on_resized),
 // and the controller stops there: the front end starts its streams again on
 // that many processes from the state of each one's last element delivered.
+// A change costs a restart of every stream, so growth advises all the
+// processes the free cores hold at once, not a doubling.
 //
 // A fixed count (not adaptive) where any worker takes any batch follows the
 // budget alone, when the budget is finite: processes retire as above, and come
@@ -188,7 +190,8 @@ void Loader::autoscale() {
     a.idle_windows = 0;
     const int fit =
         per_process > 0.01 ? static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process)) : most;
-    const int step = wait_share > kFastWait ? 3 * running : running;  // to 4x, or 2x
+    // To 4x, or 2x; advice to streams takes all that fit at once (each change restarts every stream).
+    const int step = advises() ? most : wait_share > kFastWait ? 3 * running : running;
     int n = std::clamp(std::min(fit, step), 1, most - running);
     if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
       const int64_t free = free_tasks();
