@@ -103,8 +103,8 @@ class DataLoader(HasStats):
         batch_size: samples per batch.
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
-            ``"auto"``: spindle chooses, while batches flow: one process
-            starts, more are added while your loop waits for data and a core
+            ``"auto"``: spindle chooses, while batches flow: as many
+            processes as cores are idle start, more are added while your loop waits for data and a core
             is free, and one retires when the workers idle because your loop
             sets the pace, or when the user's task budget runs short. The
             batches are the same whatever the count (with ``seed``, also

@@ -305,7 +305,7 @@ class PipelineLoader(HasStats):
     Args:
         pipeline: what to read and do.
         num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
-            ``"auto"`` (``mode="processes"``, not a WebDataset stream): one process starts, more
+            ``"auto"`` (``mode="processes"``, not a WebDataset stream): a process per idle core starts, more
             are added while your loop waits for batches and a core is free, and one retires when
             the workers idle; the batches do not depend on it (``spindle.DataLoader``'s
             ``num_workers="auto"``). A lost worker process is replaced (its batch made again,

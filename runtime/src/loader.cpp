@@ -142,9 +142,12 @@ void Loader::prepare(bool threads) {
   // and records it before anything is forked; see budget_ledger.hpp.
   requested_workers_ = options.num_workers;
   const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
-  // Logical workers on the processes a front end chose (LoaderOptions::processes), or on all of them.
-  const int processes =
-      logical && options.processes > 0 ? std::min(options.processes, options.num_workers) : options.num_workers;
+  // Logical workers on the processes a front end chose (LoaderOptions::processes), or on all of them;
+  // adaptive streams with none chosen on the cores idle now (their processes are all started).
+  const int first = options.adaptive ? std::min(options_.num_workers, idle_cores_now(ThreadBudget(sources).cpus())) : 0;
+  int processes = options_.num_workers;
+  if (logical && options.processes > 0) processes = std::min(options.processes, options_.num_workers);
+  else if (advises()) processes = first;
   LedgerGrant grant = BudgetLedger::global().acquire(
       processes, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
       options.budget_poll);
@@ -153,9 +156,9 @@ void Loader::prepare(bool threads) {
   leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
-  // Adaptive: one process, more as autoscale() finds them needed; adaptive streams run all they were
-  // given (the controller's changes are advice: advised_processes()).
-  running_.store(options.adaptive && !advises() ? 1 : plan_.num_workers);
+  // Adaptive: the cores idle now, more as autoscale() finds them needed; adaptive streams run all
+  // they were given (the controller's changes are advice: advised_processes()).
+  running_.store(options.adaptive && !advises() ? std::min(first, plan_.num_workers) : plan_.num_workers);
   live_.assign(static_cast<std::size_t>(plan_.num_workers), 0);
   std::fill(live_.begin(), live_.begin() + running_.load(), 1);
   // Adaptive processes, and a fixed count where any worker takes any batch under a finite budget:
@@ -164,6 +167,7 @@ void Loader::prepare(bool threads) {
   if (options.adaptive || (shared_queue && plan_.budget != kUnlimited)) {
     auto_ = std::make_unique<AutoScale>();
     auto_->cpus = ThreadBudget(sources).cpus();
+    auto_->samples_at_start.assign(static_cast<std::size_t>(plan_.num_workers), 0);
   }
   logical_ = static_cast<uint32_t>(logical ? requested_workers_ : plan_.num_workers);
   if (logical && !budget_note_.empty()) {

@@ -20,7 +20,9 @@
 //     processes retire until it has, before a pthread_create anywhere fails
 //     (checked every kBudgetPeriod); and no process is added that would leave
 //     fewer. A process costs what its busiest worker runs now: the threads a
-//     dataset's runtimes start inside the workers count (polars, Arrow).
+//     dataset's runtimes start inside the workers count (polars, Arrow), so
+//     under a finite budget none is added before a process has published a
+//     batch (the runtimes start their threads at first use).
 // A retiring worker exits at its next claim (WorkerRecord::retire): never with
 // a batch in hand. Each change is one line to on_resized, with its numbers.
 //
@@ -41,7 +43,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include <spindle/detail/worker_pool.hpp>
 #include <spindle/procfs.hpp>
@@ -94,6 +99,19 @@ int auto_workers(const BudgetSources& sources) {
   return std::min(kAutoMax, kAutoPerCpu * ThreadBudget(copy).cpus());
 }
 
+int idle_cores_now(int cpus) {
+  int others = std::numeric_limits<int>::max();
+  for (int i = 0; i < 3; ++i) {  // a snapshot: the fewest others of three readings (the reader is one)
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    try {
+      if (const auto n = procfs::procs_running()) others = std::min(others, *n - 1);
+    } catch (const std::exception&) {
+    }
+  }
+  if (others == std::numeric_limits<int>::max()) return 1;  // unreadable: start small
+  return std::clamp(cpus - others, 1, std::max(1, cpus));
+}
+
 std::string Loader::resize_reason() const {
   std::lock_guard lock(pids_mu_);
   return auto_ ? auto_->reason : std::string();
@@ -121,37 +139,41 @@ void Loader::autoscale() {
 
   const int running = running_.load();
   const int64_t reserve = options_.reserve_tasks;
-  auto free_tasks = [this] {
-    BudgetSources sources = options_.budget_sources;
-    return ThreadBudget(sources).budget();
-  };
   // What a process of this loader costs the budget: the threads its busiest worker runs now (the
-  // runtimes a dataset starts inside it count: polars, Arrow), at least one.
-  auto threads_each = [&] {
-    int64_t most = 1;
-    for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
-      if (live_[w] != 1) continue;
-      try {
-        if (const auto st = procfs::read_stat(r.worker(w).pid.load(std::memory_order_relaxed)))
-          most = std::max(most, st->num_threads);
-      } catch (const std::exception&) {
-      }  // gone meanwhile
+  // runtimes a dataset starts inside it count: polars, Arrow), at least one. The processes running
+  // fewer will start the rest as their runtimes first run: the budget free for more is what is free
+  // now less those.
+  int64_t each = 1;
+  std::vector<int64_t> threads;
+  for (uint32_t w = 0; w < r.geometry().num_workers && plan_.budget != kUnlimited; ++w) {  // read only if used
+    if (live_[w] != 1) continue;
+    try {
+      const auto st = procfs::read_stat(r.worker(w).pid.load(std::memory_order_relaxed));
+      threads.push_back(st ? st->num_threads : 0);
+    } catch (const std::exception&) {
+      threads.push_back(0);  // gone meanwhile
     }
-    return most;
+    each = std::max(each, threads.back());
+  }
+  auto free_tasks = [&] {
+    BudgetSources sources = options_.budget_sources;
+    int64_t free = ThreadBudget(sources).budget();
+    for (const int64_t n : threads) free -= std::max<int64_t>(0, each - n);
+    return free;
   };
   if (now - a.budget_checked >= kBudgetPeriod && plan_.budget != kUnlimited) {
     a.budget_checked = now;
     const int64_t free = free_tasks();
     if (free < reserve && running > 1) {
-      const int64_t each = threads_each();
       const auto n = static_cast<int>(std::min<int64_t>(running - 1, (reserve - free + each - 1) / each));
       shrink(n, std::to_string(free) + " task" + (free == 1 ? "" : "s") +
-                       " of the user's budget left (ulimit -u, the cgroup's pids.max), " + std::to_string(reserve) +
+                       " of the user's budget left (ulimit -u, the cgroup's pids.max; less those the processes' "
+                       "runtimes will still start), " + std::to_string(reserve) +
                        " kept for the consumer, " + std::to_string(each) + " thread" + (each == 1 ? "" : "s") +
                        " a process: fewer processes before a thread cannot start");
       return measure();
     }
-    if (!options_.adaptive && running < options_.num_workers && free >= reserve + threads_each() + kSpareAgain) {
+    if (!options_.adaptive && running < options_.num_workers && free >= reserve + each + kSpareAgain) {
       add_processes(1, "the user's budget has " + std::to_string(free) + " tasks free again");
       return measure();
     }
@@ -194,8 +216,14 @@ void Loader::autoscale() {
     const int step = advises() ? most : wait_share > kFastWait ? 3 * running : running;
     int n = std::clamp(std::min(fit, step), 1, most - running);
     if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
+      // What a process costs is known once one has published a batch: its dataset's runtimes start
+      // their threads at first use (polars, Arrow). Until then, no more.
+      bool proven = !options_.stats;  // without statistics nothing tells: the threads seen now count
+      for (uint32_t w = 0; w < r.geometry().num_workers && !proven; ++w)
+        proven = live_[w] == 1 && r.worker(w).samples.load(std::memory_order_relaxed) > a.samples_at_start[w];
+      if (!proven) return measure();
       const int64_t free = free_tasks();
-      n = static_cast<int>(std::min<int64_t>(n, (free - reserve) / threads_each()));
+      n = static_cast<int>(std::min<int64_t>(n, (free - reserve) / each));
     }
     if (n < 1) return measure();
     grow(n, "next() waited " + fixed(100 * wait_share, 0) + "% of the last " + fixed(seconds, 2) +
@@ -262,6 +290,7 @@ void Loader::add_processes(int n, const std::string& why) {
       break;
     }  // anything else (a signal to raise, from the fork hooks) leaves next() with the processes as they are
     live_[w] = 1;
+    auto_->samples_at_start[w] = r.worker(static_cast<uint32_t>(w)).samples.load(std::memory_order_relaxed);
     ++added;
     running_.fetch_add(1);
   }

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spindle {
 
@@ -52,6 +53,9 @@ struct AutoScale {
   int idle_windows = 0;             // windows in a row with the workers idle and next() not waiting
   std::chrono::steady_clock::time_point budget_checked{};
   std::string reason;               // the last change's line
+  // Per worker: its record's samples when its process started (a process that has published more
+  // has run its dataset, and the runtimes' threads it starts at first use with it).
+  std::vector<uint64_t> samples_at_start;
 };
 
 }  // namespace spindle

@@ -402,6 +402,18 @@ std::optional<uint64_t> idle_cpu_ticks(const std::string& proc_root) {
   return v[3] + v[4];
 }
 
+std::optional<int> procs_running(const std::string& proc_root) {
+  const auto text = read_or_gone(proc_root + "/stat");
+  if (!text) return std::nullopt;
+  const std::string key = "\nprocs_running ";
+  const auto at = text->find(key);
+  if (at == std::string::npos) return std::nullopt;
+  int n = 0;
+  const char* from = text->data() + at + key.size();
+  if (std::from_chars(from, text->data() + text->size(), n).ec != std::errc()) return std::nullopt;
+  return n;
+}
+
 int open_process_fd(pid_t pid, int fd, const std::string& proc_root) {
   const std::string path = task_path(pid, proc_root) + "/fd/" + std::to_string(fd);
   const int mine = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

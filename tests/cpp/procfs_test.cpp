@@ -4,6 +4,7 @@
 #include <spindle/procfs.hpp>
 
 #include <poll.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -15,6 +16,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -302,6 +305,30 @@ TEST(ProcfsParentDeath, DiesWithTheParentProcess) {
   ASSERT_EQ(poll(&p, 1, 5000), 1) << "the grandchild outlived its parent";
   EXPECT_EQ(read(fds[0], &c, 1), 0) << "EOF: its end of the pipe closed with it";
   close(fds[0]);
+}
+
+// Proves: procs_running reads /proc/stat's runnable-task count (this thread is one of them on the
+// real machine), and a stat file without the line, or no file, gives nullopt.
+TEST(ProcfsStat, ProcsRunningReadsTheRunnableTasks) {
+  const auto real = procs_running();
+  ASSERT_TRUE(real.has_value());
+  EXPECT_GE(*real, 1);
+  char dir[] = "/tmp/spindle-procfs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string root = dir;
+  EXPECT_FALSE(procs_running(root).has_value());  // no stat file
+  {
+    std::ofstream out(root + "/stat");
+    out << "cpu  10 0 5 100 2 0 0 0 0 0\nctxt 99\nprocs_running 3\nprocs_blocked 0\n";
+  }
+  EXPECT_EQ(procs_running(root), 3);
+  {
+    std::ofstream out(root + "/stat");
+    out << "cpu  10 0 5 100 2 0 0 0 0 0\nctxt 99\n";
+  }
+  EXPECT_FALSE(procs_running(root).has_value());
+  std::remove((root + "/stat").c_str());
+  rmdir(dir);
 }
 
 }  // namespace

@@ -104,12 +104,13 @@ TEST(WorkerReplacement, APoisonSampleIsNamedAtItsSecondLoss) {
   EXPECT_TRUE(loader.closed());
 }
 
-// Proves: adaptive processes start one, grow while next() waits on slow samples, and deliver the
-// same batches in the same order.
+// Proves: adaptive processes start at the idle cores (one: a budget of one cpu), grow while next()
+// waits on slow samples, and deliver the same batches in the same order.
 TEST(AdaptiveProcesses, GrowOnWaitingSamplesWithTheSameBatches) {
   const auto batches = testing::consecutive_batches(400, 4);
   LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
   o.adaptive = true;
+  o.budget_sources.cpus = 1;
   std::vector<std::string> lines;
   o.on_resized = [&](const std::string& line) { lines.push_back(line); };
   Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
@@ -157,6 +158,31 @@ int slow_logical_streams(WorkerContext& ctx) {
     ctx.commit(*item, 1);
   }
   return 0;
+}
+
+// Proves: adaptive processes start with a process per idle core, at least one and at most the cpus
+// (idle_cores_now); adaptive streams with no processes chosen start the same count.
+TEST(AdaptiveProcesses, StartWithTheIdleCores) {
+  EXPECT_EQ(idle_cores_now(1), 1);
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  const int idle = idle_cores_now(cpus);
+  EXPECT_GE(idle, 1);
+  EXPECT_LE(idle, cpus);
+  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
+  o.adaptive = true;
+  Loader loader(o, testing::consecutive_batches(8, 4), Launcher::fork(sample_worker(fill, kSampleBytes)));
+  EXPECT_GE(loader.processes(), 1);
+  EXPECT_LE(loader.processes(), cpus);
+  o.round_robin = true;
+  o.logical_workers = true;
+  o.batch_capacity = 1;
+  Loader streams(o, {}, Launcher::fork([](WorkerContext& ctx) {
+                   while (auto item = ctx.claim()) ctx.exhausted(*item);
+                   return 0;
+                 }));
+  EXPECT_GE(streams.plan().num_workers, 1);
+  EXPECT_LE(streams.plan().num_workers, cpus);
+  EXPECT_EQ(streams.num_logical_workers(), 8);
 }
 
 // Proves: adaptive streams with logical workers start on the processes given (LoaderOptions::processes);

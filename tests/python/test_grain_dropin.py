@@ -464,7 +464,7 @@ class Slow(grain.transforms.Map):
 @dataset_stage
 def test_auto_workers_grow_from_one_process_with_a_fixed_runs_elements(caplog):
     """Proves: num_workers="auto" runs auto_workers() workers' slices (random_map's per-worker draws
-    included) on processes that start at one and grow while the loop waits: the elements are those of
+    included) on processes that start at the idle cores and grow while the loop waits: the elements are those of
     the same count of fixed workers, in their order; each change is one INFO line; a checkpoint taken after
     the growth resumes on the fixed run's elements; a DataLoader's worker_count="auto" is the same."""
     import logging
@@ -474,12 +474,14 @@ def test_auto_workers_grow_from_one_process_with_a_fixed_runs_elements(caplog):
     expected = list(sgrain.mp_prefetch(ds, options(n)))
     with caplog.at_level(logging.INFO, logger="spindle"):
         it = iter(sgrain.mp_prefetch(ds, options("auto")))
+        first = len(it.worker_pids)  # the cores idle now
         got = [next(it) for _ in range(300)]
         state = it.get_state()
         got += list(it)
     assert got == expected
     grew = [r.getMessage() for r in caplog.records if "start again on them from their states" in r.getMessage()]
-    assert grew and grew[0].startswith(f"spindle: 1 -> ") and f"(at most {n})" in grew[0], grew
+    assert 1 <= first <= len(os.sched_getaffinity(0)) < n
+    assert grew and grew[0].startswith(f"spindle: {first} -> ") and f"(at most {n})" in grew[0], grew
     resumed = iter(sgrain.mp_prefetch(ds, options("auto")))
     resumed.set_state(state)
     assert list(resumed) == expected[300:]

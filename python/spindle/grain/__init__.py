@@ -154,7 +154,8 @@ class _PrefetchIterator(grain.DatasetIterator):
     (``next_index_in_cycle`` and one iterator state per worker), so grain's DataLoader
     checkpointing works on it unchanged.
 
-    With ``auto``, the ``num_workers`` slices run on processes that follow the load: one at first; the
+    With ``auto``, the ``num_workers`` slices run on processes that follow the load: as many as cores
+    are idle at first; the
     core's controller advises another count (the consumer waits and a core is free, the workers idle,
     the user's task budget runs short: ``Loader.advised_processes``), and the workers start again on
     that many from each slice's state after its last element delivered, as from a checkpoint, so the
@@ -165,7 +166,9 @@ class _PrefetchIterator(grain.DatasetIterator):
                  on_worker_death: str = "replace", *, auto: bool = False) -> None:
         super().__init__()
         self._auto = auto
-        self._processes = 1 if auto else 0  # the processes the slices run on (0: one a slice)
+        # The processes the slices run on: 0 is one a slice, or with auto the core's first count (the
+        # cores idle now); then what the controller advised.
+        self._processes = 0
         self._pickles_checked = False
         self._ds = ds
         self._losses = Losses(on_worker_death, num_workers)
@@ -408,7 +411,7 @@ class DataLoader(HasStats):
 
     ``worker_count="auto"`` (grain 0.2.17 and newer): the elements are those of
     :func:`auto_workers` workers (8 a cpu, at most 64), chosen once from the machine, so a
-    checkpoint resumes on the same machine type; the processes that run them start at one and follow
+    checkpoint resumes on the same machine type; the processes that run them start at the cores idle then and follow
     the load (more while the training loop waits for elements and a core is free, fewer when it sets
     the pace or the user's task budget runs short), each change one INFO line (logger "spindle") and in
     ``stats()``. A change starts the workers again from each slice's state, as a checkpoint does.

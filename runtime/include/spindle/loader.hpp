@@ -41,6 +41,10 @@ inline constexpr int kAutoMax = 64;
 // adaptive loader with num_workers 0, and the logical workers a front end gives adaptive streams
 // (their data is defined by them: chosen once, from the machine, never from the moment's load).
 int auto_workers(const BudgetSources& sources = {});
+// The processes an adaptive loader starts with: the cores idle this instant (`cpus` less the other
+// tasks runnable now, /proc/stat's procs_running, fewest of three readings a millisecond apart),
+// at least 1 and at most `cpus`; the controller's "a core is free" at its start.
+int idle_cores_now(int cpus);
 
 struct LoaderOptions {
   int num_workers = 1;
@@ -122,7 +126,8 @@ struct LoaderOptions {
   int max_replacements = 0;
   // Adaptive processes (Python's num_workers="auto"): num_workers is the most
   // processes (0: the core's choice, kAutoPerCpu per usable cpu, at most
-  // kAutoMax, then what the budget grants). One process starts; the loader
+  // kAutoMax, then what the budget grants). It starts as many processes as
+  // cores are idle (idle_cores_now, at least one); the loader
   // adds processes while next() waits for data and a core is free, and
   // retires one (at its next claim, never mid-batch) when the workers idle
   // because the consumer sets the pace, or when the user's task budget runs

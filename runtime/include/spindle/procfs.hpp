@@ -48,6 +48,10 @@ long clock_ticks_per_second() noexcept;
 // used the others (adaptive processes, loader_autoscale.cpp).
 std::optional<uint64_t> idle_cpu_ticks(const std::string& proc_root = kProcRoot);
 
+// The tasks runnable on the machine this instant, the reader included (/proc/stat's
+// procs_running); nullopt if it cannot be read.
+std::optional<int> procs_running(const std::string& proc_root = kProcRoot);
+
 // Parses the text of a stat file. comm (field 2) may hold spaces and
 // parentheses, so the fields resume after the *last* ')'. Throws
 // std::runtime_error if the text is not a stat line.
