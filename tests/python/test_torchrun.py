@@ -25,15 +25,23 @@ WORLD = NODES * PER_NODE
 SAMPLES, STOP_AFTER, BATCH = 96, 3, 4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket stays bound until all are chosen (jobs started together
+    must not be handed the same rendezvous port before the first one binds it)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
-def start_job(out: Path, phase: str, nodes: int = NODES, per_node: int = PER_NODE) -> list[subprocess.Popen]:
+def start_job(out: Path, phase: str, nodes: int = NODES, per_node: int = PER_NODE,
+              port: int | None = None) -> list[subprocess.Popen]:
     """One torchrun per "node", each in its own session (so the whole tree can be killed)."""
-    port = free_port()
+    port = port or free_ports(1)[0]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
@@ -46,7 +54,13 @@ def start_job(out: Path, phase: str, nodes: int = NODES, per_node: int = PER_NOD
 
 
 def logs(out: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("node*.log")))
+    # The tail of each log, and every line a rank's error left before it (the first rank to fail says why).
+    parts = []
+    for p in sorted(out.glob("node*.log")):
+        text = p.read_text()
+        errors = [line for line in text[:-3000].splitlines() if "Error" in line or "error" in line]
+        parts.append(f"--- {p.name}\n" + "".join(line + "\n" for line in errors[-20:]) + text[-3000:])
+    return "\n".join(parts)
 
 
 def wait_for(predicate, jobs, out: Path, timeout: float, what: str) -> None:
@@ -96,7 +110,8 @@ def gone(pid: int) -> bool:
 
 def run_to_end(out: Path, phase: str, sizes: list[tuple[int, int]]) -> None:
     """Jobs of (nodes, processes per node) each, at once, to their end."""
-    jobs = [j for nodes, per_node in sizes for j in start_job(out, phase, nodes, per_node)]
+    ports = free_ports(len(sizes))
+    jobs = [j for (nodes, per_node), port in zip(sizes, ports) for j in start_job(out, phase, nodes, per_node, port)]
     try:
         for j in jobs:
             assert j.wait(timeout=150) == 0, logs(out)
