@@ -144,9 +144,11 @@ void Loader::prepare(bool threads) {
   const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
   // Logical workers on the processes a front end chose (LoaderOptions::processes), or on all of them;
   // adaptive streams with none chosen on the cores idle now (their processes are all started).
-  const int first = options.adaptive ? std::min(options_.num_workers, idle_cores_now(ThreadBudget(sources).cpus())) : 0;
+  const bool chosen = logical && options.processes > 0;
+  const int first =
+      options.adaptive && !chosen ? std::min(options_.num_workers, idle_cores_now(ThreadBudget(sources).cpus())) : 0;
   int processes = options_.num_workers;
-  if (logical && options.processes > 0) processes = std::min(options.processes, options_.num_workers);
+  if (chosen) processes = std::min(options.processes, options_.num_workers);
   else if (advises()) processes = first;
   LedgerGrant grant = BudgetLedger::global().acquire(
       processes, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },

@@ -143,19 +143,26 @@ void Loader::autoscale() {
   // runtimes a dataset starts inside it count: polars, Arrow), at least one. The processes running
   // fewer will start the rest as their runtimes first run: the budget free for more is what is free
   // now less those.
+  // Read from /proc only when the budget is looked at (free_tasks), once a window.
   int64_t each = 1;
   std::vector<int64_t> threads;
-  for (uint32_t w = 0; w < r.geometry().num_workers && plan_.budget != kUnlimited; ++w) {  // read only if used
-    if (live_[w] != 1) continue;
-    try {
-      const auto st = procfs::read_stat(r.worker(w).pid.load(std::memory_order_relaxed));
-      threads.push_back(st ? st->num_threads : 0);
-    } catch (const std::exception&) {
-      threads.push_back(0);  // gone meanwhile
+  bool counted = false;
+  auto count_threads = [&] {
+    if (counted) return;
+    counted = true;
+    for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+      if (live_[w] != 1) continue;
+      try {
+        const auto st = procfs::read_stat(r.worker(w).pid.load(std::memory_order_relaxed));
+        threads.push_back(st ? st->num_threads : 0);
+      } catch (const std::exception&) {
+        threads.push_back(0);  // gone meanwhile
+      }
+      each = std::max(each, threads.back());
     }
-    each = std::max(each, threads.back());
-  }
-  auto free_tasks = [&] {
+  };
+  auto free_tasks = [&] {  // sets `each` too
+    count_threads();
     BudgetSources sources = options_.budget_sources;
     int64_t free = ThreadBudget(sources).budget();
     for (const int64_t n : threads) free -= std::max<int64_t>(0, each - n);
