@@ -48,7 +48,7 @@ def make_loader() -> StatefulDataLoader:
 
 
 def write_json(path: str, value: object) -> None:
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # two jobs at once have a rank 1 each: each writes its own temporary
     with open(tmp, "w") as f:
         json.dump(value, f)
     os.replace(tmp, path)  # a reader (or a restart after SIGKILL) sees the old file or the new one
