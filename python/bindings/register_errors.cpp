@@ -41,6 +41,7 @@ void register_errors(py::module_& m) {
   static PyObject* shm = py::object(errors.attr("SharedMemoryError")).release().ptr();
   static PyObject* died = py::object(errors.attr("WorkerDiedError")).release().ptr();
   static PyObject* timeout = py::object(errors.attr("LoaderTimeoutError")).release().ptr();
+  static PyObject* advised = py::object(errors.attr("ProcessesAdvised")).release().ptr();
   static PyObject* failed = py::object(errors.attr("BatchFailedError")).release().ptr();
   static PyObject* data = py::object(errors.attr("DataError")).release().ptr();
   static PyObject* decode = py::object(errors.attr("DecodeError")).release().ptr();
@@ -62,6 +63,8 @@ void register_errors(py::module_& m) {
                             "sample"_a = or_none(e.sample), "batch"_a = or_none(e.batch)));
     } catch (const LoaderTimeoutError& e) {
       PyErr_SetString(timeout, e.what());
+    } catch (const ProcessesAdvised& e) {
+      PyErr_SetString(advised, e.what());
     } catch (const SkipRatioError& e) {  // before DataError, its base
       raise(skips, cls(skips)(text(e.what()), "skipped"_a = e.skipped, "samples"_a = e.samples,
                               "max_ratio"_a = e.max_ratio));

@@ -23,6 +23,7 @@ __all__ = [
     "SharedMemoryError",
     "WorkerDiedError",
     "LoaderTimeoutError",
+    "ProcessesAdvised",
     "BatchFailedError",
     "WorkerError",
     "DataError",
@@ -84,6 +85,12 @@ class WorkerDiedError(SpindleError):
 
 class LoaderTimeoutError(SpindleError):
     """No batch arrived within ``timeout`` seconds; the message names the worker and sample."""
+
+
+class ProcessesAdvised(SpindleError):
+    """Not a failure, and never seen through spindle's front ends: a runtime running streams with
+    ``num_workers="auto"`` (spindle.grain) stopped waiting because its controller advised another
+    count of processes (``advised_processes``); the front end starts the streams again on them."""
 
 
 class BatchFailedError(SpindleError):

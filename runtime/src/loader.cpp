@@ -350,6 +350,7 @@ void Loader::start() {
   if (pool_) refresh_pids();
   last_check_ = std::chrono::steady_clock::now();
   post_more();
+  if (auto_) autoscale();  // the first window starts with the processes, not a supervision period later
 }
 
 bool Loader::more_to_post(bool fed_pending) const {

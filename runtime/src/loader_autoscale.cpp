@@ -10,7 +10,8 @@
 //     the workers use little CPU each (kIoBound: they wait on I/O):
 //     more processes, as many as the free cores hold at the workers' CPU per
 //     process, at most doubling (four times while next() waits most of the
-//     window: I/O-bound workers use little CPU, and the first windows count);
+//     window; all that fit at once when it waits most of the window on workers
+//     that use little CPU: they wait on I/O, and the first windows count);
 //   - next() hardly waited and the workers were busy less than kIdleBusy of
 //     their time for kIdleWindows windows: the consumer sets the pace, so one
 //     process retires;
@@ -219,8 +220,11 @@ void Loader::autoscale() {
     a.idle_windows = 0;
     const int fit =
         per_process > 0.01 ? static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process)) : most;
-    // To 4x, or 2x; advice to streams takes all that fit at once (each change restarts every stream).
-    const int step = advises() ? most : wait_share > kFastWait ? 3 * running : running;
+    // All that fit at once where every change restarts the streams (advice), or where next() waited
+    // most of the window on processes that use little CPU (they wait on I/O: the fit is sound, and
+    // each doubling would cost a window of the I/O's latency); else to 4x, or 2x.
+    const bool waits_on_io = wait_share > kFastWait && per_process < kIoBound;
+    const int step = advises() || waits_on_io ? most : wait_share > kFastWait ? 3 * running : running;
     int n = std::clamp(std::min(fit, step), 1, most - running);
     if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
       // What a process costs is known once one has published a batch: its dataset's runtimes start

@@ -345,6 +345,9 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
       if (auto_ && wait_began_ != std::chrono::steady_clock::time_point{}) autoscale();  // next() waits
       if (poll) poll();
     }
+    if (advises() && advised_.load() != 0)  // nothing ready: the streams start again on the advised processes now
+      throw ProcessesAdvised("spindle: next() stopped waiting: " + std::to_string(advised_.load()) +
+                             " worker processes advised; start the streams again on them (advised_processes())");
     if (!warned && options_.stall_warning.count() > 0 && !workers_started()) stall_from = now;
     if (!warned && options_.stall_warning.count() > 0 && now - stall_from >= options_.stall_warning) {
       warned = true;  // once per wait

@@ -188,7 +188,8 @@ TEST(AdaptiveProcesses, StartWithTheIdleCores) {
 // Proves: adaptive streams with logical workers start on the processes given (LoaderOptions::processes);
 // while next() waits on slow elements the controller advises more (one on_resized line, "from their
 // states") and changes nothing itself: one process goes on giving the elements of 8 logical workers in
-// turn, as a fixed run does.
+// turn, as a fixed run does. Once advised, a next() that finds no element ready stops waiting with
+// ProcessesAdvised (the front end would start again now) and a later one still gets the next element.
 TEST(AdaptiveProcesses, StreamsAreAdvisedMoreProcessesAndKeepTheirElements) {
   LoaderOptions o;
   o.num_workers = 8;
@@ -205,7 +206,21 @@ TEST(AdaptiveProcesses, StreamsAreAdvisedMoreProcessesAndKeepTheirElements) {
   EXPECT_EQ(loader.num_logical_workers(), 8);
   EXPECT_EQ(loader.advised_processes(), 0);
   std::vector<int32_t> seen;
-  while (auto b = loader.next()) seen.push_back(*reinterpret_cast<const int32_t*>(b->data().data()));
+  int stopped = 0;
+  for (;;) {
+    try {
+      auto b = loader.next();
+      if (!b) break;
+      seen.push_back(*reinterpret_cast<const int32_t*>(b->data().data()));
+    } catch (const ProcessesAdvised& e) {
+      ++stopped;
+      EXPECT_GT(loader.advised_processes(), 1);
+      EXPECT_NE(std::string(e.what()).find(std::to_string(loader.advised_processes()) + " worker processes advised"),
+                std::string::npos) << e.what();
+      std::this_thread::sleep_for(1ms);  // this caller does not start again: it asks for the element later
+    }
+  }
+  EXPECT_GT(stopped, 0);
   ASSERT_EQ(seen.size(), 8u * 24u);
   for (std::size_t i = 0; i < seen.size(); ++i)
     ASSERT_EQ(seen[i], static_cast<int32_t>((i % 8) * 1000 + i / 8)) << "element " << i;

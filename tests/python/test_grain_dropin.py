@@ -488,6 +488,31 @@ def test_auto_workers_grow_from_one_process_with_a_fixed_runs_elements(caplog):
     equal(list(loader(sgrain.DataLoader, "auto")), list(loader(sgrain.DataLoader, n)))
 
 
+class Slower(grain.transforms.Map):
+    """Each element waits 0.8 s (a batch of remote records): the first element comes long after the
+    controller's first window."""
+
+    def map(self, x):
+        import time
+        time.sleep(0.8)
+        return x, os.getpid()
+
+
+@dataset_stage
+def test_auto_workers_take_advice_before_a_slow_first_element():
+    """Proves: advice that comes while no element is ready is taken then (the runtime's next() stops
+    waiting with ProcessesAdvised), not after the element in flight: the first element already comes
+    from a process started on the advice, and the elements are a fixed run's."""
+    n = sgrain.auto_workers()
+    ds = grain.MapDataset.range(2 * n).to_iter_dataset().map(Slower())
+    it = iter(sgrain.mp_prefetch(ds, options("auto")))
+    first = set(it.worker_pids)  # the cores idle now, fewer than the workers
+    got = [next(it)]
+    assert got[0][1] not in first and first.isdisjoint(it.worker_pids) and len(first) < len(it.worker_pids) <= n
+    got += list(it)
+    assert [x for x, _ in got] == list(range(2 * n))  # worker w's slice is w, w + n: in turn, the range
+
+
 @pytest.mark.skipif(not _compat.POOL, reason="grain 0.2.17 and newer run spindle's own stage, which takes auto")
 def test_auto_workers_are_refused_where_grain_fixes_the_processes():
     """Proves: on a grain spindle serves inside grain's own iterators (before 0.2.17: make

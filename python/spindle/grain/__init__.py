@@ -47,7 +47,7 @@ from .._runtime.layout import BatchReader
 from .._runtime.persistent import reset_or_restart
 from .._runtime.start import StartSpec, replacements_for, start
 from .._runtime.worker import batch_decoder, copy_per_logical_worker, current_logical_worker, run_stream_worker
-from ..errors import WorkerDiedError
+from ..errors import ProcessesAdvised, WorkerDiedError
 
 __all__ = ["AUTO", "DataLoader", "auto_workers", "mp_prefetch"]
 
@@ -199,14 +199,21 @@ class _PrefetchIterator(grain.DatasetIterator):
                 break
             except WorkerDiedError as died:
                 self._after_loss(died)  # the workers start again from the states, or it raises
+            except ProcessesAdvised:
+                self._take_advice()  # advised while no element was ready: now, not after the one in flight
         self._states[worker] = state
         self._next_in_cycle = (worker + 1) % self._n
         if self._auto and self._runtime.advised_processes:
-            # The controller wants the slices on another count of processes: they start again from
-            # the states just kept, at the next element (on_resized logged why).
-            self._processes = self._runtime.advised_processes
-            self.close()
+            self._take_advice()
         return element
+
+    def _take_advice(self) -> None:
+        """The controller wants the slices on another count of processes: they start again from
+        the states kept after each one's last element delivered (on_resized logged why). The
+        elements in flight are made again there, so the workers are not waited for: a busy one
+        would finish its element first (0.2 s of a 16-record batch over HTTP, for nothing)."""
+        self._processes = self._runtime.advised_processes
+        self.close(grace=0.0)
 
     def _after_loss(self, died: WorkerDiedError) -> None:
         """A worker process was lost: the workers start again from each slice's state after its last
@@ -310,10 +317,11 @@ class _PrefetchIterator(grain.DatasetIterator):
             raise NotImplementedError(f"{what} is not supported for spindle.grain.mp_prefetch with more than one "
                                       f"worker ({self._n}), as in grain.")
 
-    def close(self) -> None:
-        """Stops the workers; the next element starts new ones from the current state."""
+    def close(self, grace: float = 1.0) -> None:
+        """Stops the workers (a busy one gets ``grace`` seconds to finish before it is killed); the
+        next element starts new ones from the current state."""
         if self._runtime is not None:
-            self._runtime.close()
+            self._runtime.close(grace=grace)
             if self._loader_stats is not None:
                 self._loader_stats.retire(self._runtime)
         self._runtime = self._it = None

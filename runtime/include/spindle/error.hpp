@@ -71,6 +71,16 @@ class LoaderTimeoutError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Not a failure: adaptive streams (LoaderOptions::adaptive with round_robin)
+// whose controller advised another count of processes while next() waited with
+// no batch ready. next() stops waiting so that the front end starts its streams
+// again on Loader::advised_processes() processes now, not after the batch in
+// flight (a stream's first batch can take seconds); the loader is unchanged.
+class ProcessesAdvised : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // A worker reported that producing a batch failed. `payload` is whatever the
 // worker wrote (the C++ API writes the exception text; the Python layer writes
 // a pickled exception with its traceback); `kind` says which it is and what

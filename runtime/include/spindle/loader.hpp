@@ -236,7 +236,9 @@ class Loader {
   // The next batch, or nullopt after the last one or once the loader is
   // closed (also by close() from another thread while this waits). Throws
   // BatchFailedError (iteration may continue after it), WorkerDiedError or
-  // LoaderTimeoutError (the loader is closed after those). `poll`, if given,
+  // LoaderTimeoutError (the loader is closed after those); adaptive streams
+  // throw ProcessesAdvised when advice comes while no batch is ready (the
+  // loader intact: the front end closes it and starts again). `poll`, if given,
   // is called every supervision period (~50 ms) while waiting; whatever it
   // throws (e.g. the Python layer's KeyboardInterrupt) leaves next() with the
   // loader intact. Calls from several threads are serialized.
@@ -297,7 +299,8 @@ class Loader {
   int processes() const noexcept { return running_.load(std::memory_order_relaxed); }
   // Adaptive streams (LoaderOptions::adaptive with round_robin): the processes the controller
   // wants the streams on, once it has decided (0: none yet); on_resized has had the line. The
-  // loader goes on as it is: the front end closes it and starts a new one with that many.
+  // loader goes on as it is (a next() waiting with no batch ready throws ProcessesAdvised): the
+  // front end closes it and starts a new one with that many.
   int advised_processes() const noexcept { return advised_.load(std::memory_order_relaxed); }
   // The last change of the processes and why ("" before the first).
   std::string resize_reason() const;
