@@ -122,6 +122,10 @@ void register_loader(py::module_& m) {
   m.def("auto_workers", [] { return auto_workers(); },
         "The core's count for num_workers=\"auto\" on this process's usable cpus: the most processes of an "
         "adaptive loader, and the logical workers of adaptive streams (spindle.grain).");
+  m.attr("REPLACE_EACH_WORKER") = kReplaceEachWorker;
+  m.def("replacement_limit", &replacement_limit, py::arg("num_workers"),
+        "Lost workers replaced per epoch for a loader of `num_workers` workers (at least 3); what "
+        "LoaderOptions.max_replacements = REPLACE_EACH_WORKER resolves to.");
   register_stats(m);  // before Loader, whose stats() returns one
   py::class_<LoaderOptions>(m, "LoaderOptions",
                             "How a Loader runs (loader.hpp): workers, slots, ordering, waiting and the thread "
@@ -164,7 +168,8 @@ void register_loader(py::module_& m) {
           "Seconds one next() may wait before a StallWarning names what the workers do (0: never).")
       .def_readwrite("max_replacements", &LoaderOptions::max_replacements,
                      "Lost workers started again per epoch, their batches posted again (0: a death closes the "
-                     "loader with WorkerDiedError; planned batches only).")
+                     "loader with WorkerDiedError; REPLACE_EACH_WORKER: replacement_limit(the workers asked); "
+                     "planned batches only).")
       .def_readwrite("adaptive", &LoaderOptions::adaptive,
                      "num_workers is the most processes (0: the core's choice); processes are added and "
                      "retired as the consumer waits or the workers idle (planned batches any worker takes). "

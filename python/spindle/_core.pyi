@@ -7,7 +7,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['ArraySource', 'AttachedWorker', 'BUDGET_POLICIES', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'auto_workers', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'open_process_fd', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'reserve_stopping', 'resize', 'resolve_budget_policy', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
+__all__: list[str] = ['ArraySource', 'AttachedWorker', 'BUDGET_POLICIES', 'Batch', 'CloseOnDrop', 'ImageFolder', 'LedgerLease', 'Loader', 'LoaderOptions', 'LoaderStats', 'MIN_SLOT_BYTES', 'MemoryRollup', 'OnError', 'PartsWriter', 'Pipeline', 'PipelineOptions', 'ProcessStat', 'ProcessStatus', 'REPLACE_EACH_WORKER', 'RoutedDataset', 'SampleRows', 'SegmentView', 'ShardOptions', 'SharedSegment', 'SlotLayout', 'Stage', 'ThreadBudget', 'ThreadPlan', 'WebDataset', 'WebDatasetShardIterator', 'WorkItem', 'WorkerContext', 'WorkerExit', 'adjust_brightness', 'adjust_contrast', 'adjust_hue', 'adjust_saturation', 'arena_extra_threads', 'arm_parent_death', 'auto_workers', 'center_crop_box', 'cgroup_pids_levels', 'clock_ticks_per_second', 'color_jitter', 'color_jitter_draw', 'count_process_threads', 'decode_image', 'expand_shard_urls', 'gather_rows', 'hflip', 'image_info', 'inherited_item', 'lease_tasks', 'ledger_available', 'ledger_leases', 'ledger_status', 'normalize', 'open_process_fd', 'pipeline_loader', 'plain_values', 'process_cmdline', 'process_ids', 'process_limits', 'process_maps', 'process_memory', 'process_stat', 'process_status', 'process_threads', 'random_grayscale', 'random_resized_crop_box', 'read_process_memory', 'replacement_limit', 'reserve_stopping', 'resize', 'resolve_budget_policy', 'rgb_to_grayscale', 'sysctl_int', 'thread_stack_pointer']
 class ThreadPlan:
     """
     What a loader may start: worker processes and extra arena threads.
@@ -421,7 +421,7 @@ class LoaderOptions:
     @property
     def max_replacements(self) -> int:
         """
-        Lost workers started again per epoch, their batches posted again (0: a death closes the loader with WorkerDiedError; planned batches only).
+        Lost workers started again per epoch, their batches posted again (0: a death closes the loader with WorkerDiedError; REPLACE_EACH_WORKER: replacement_limit(the workers asked); planned batches only).
         """
     @max_replacements.setter
     def max_replacements(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
@@ -1197,6 +1197,10 @@ def read_process_memory(pid: typing.SupportsInt | typing.SupportsIndex, address:
     """
     length bytes of process pid's memory at address (/proc/<pid>/mem; fewer where the range ends in unmapped memory); None if the process is gone. OSError without ptrace access.
     """
+def replacement_limit(num_workers: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Lost workers replaced per epoch for a loader of `num_workers` workers (at least 3); what LoaderOptions.max_replacements = REPLACE_EACH_WORKER resolves to.
+    """
 def reserve_stopping(tasks: typing.SupportsInt | typing.SupportsIndex) -> LedgerLease:
     """
     A lease of `tasks` threads of this process that run now and are about to be stopped and restarted (numpy's OpenBLAS pool around spindle's forks): pending until released, so no loader takes their tasks meanwhile. Granted without a check.
@@ -1223,3 +1227,4 @@ def thread_stack_pointer(pid: typing.SupportsInt | typing.SupportsIndex, tid: ty
     """
 BUDGET_POLICIES: tuple = ('shrink', 'wait', 'fail')
 MIN_SLOT_BYTES: int = 65536
+REPLACE_EACH_WORKER: int = -1

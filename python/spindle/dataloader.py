@@ -23,7 +23,7 @@ from ._runtime.stats import HasStats
 from ._runtime.layout import BatchReader, SlotWriter, collate_local, stacked
 from ._runtime.persistent import reset_or_restart
 from ._runtime.sharing import check_share, share_for_workers
-from ._runtime.start import AUTO_REPLACEMENTS, LOADER_DEFAULTS, StartSpec, replacements_for, start
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, replacements_for, start
 from ._runtime.worker import batch_decoder, run_worker, seed_worker
 from ._state.checkpoint import BatchSeeds, EpochCell, Progress, dataset_key, torch_imported
 from ._state.epoch_plan import EpochPlan
@@ -167,7 +167,7 @@ class DataLoader(HasStats):
             again and the batch it was producing is produced again: the epoch
             goes on with the same batches in the same order, one WARNING
             (logger "spindle") per loss. At most ``max(3, num_workers)``
-            (8 with ``"auto"``) per epoch, and a sample being produced at two losses is not tried
+            (with ``"auto"``, of the most processes it may run) per epoch, and a sample being produced at two losses is not tried
             a third time: then ``WorkerDiedError`` names them
             (docs/reliability.md). ``"raise"``: the first loss raises.
 
@@ -221,7 +221,7 @@ class DataLoader(HasStats):
         self.shard = resolve_shard(shard)
         self.shard_drop_last = bool(shard_drop_last)
         self.share = check_share(share)
-        replacements_for(on_worker_death, 0)  # checked now, not at the first epoch
+        replacements_for(on_worker_death)  # checked now, not at the first epoch
         self.on_worker_death = on_worker_death
         # The epochs' orders, their entropy, the length per rank and the checkpointed position.
         self._plan = EpochPlan(dataset, self.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
@@ -287,8 +287,7 @@ class DataLoader(HasStats):
                          max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
                          in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy,
-                         max_replacements=replacements_for(self.on_worker_death,
-                                                           AUTO_REPLACEMENTS if auto else self.num_workers))
+                         max_replacements=replacements_for(self.on_worker_death))
         body = partial(run_worker, dataset=share_for_workers(self.dataset, self.share, not spec.spawns),
                        transport=ArrayBatches(self.batch_size),
                        setup=partial(_setup_worker, base_seed=seed, worker_init_fn=self.worker_init_fn),

@@ -36,7 +36,7 @@ import numpy as np
 from . import _core
 from ._runtime.epoch import EpochIterator
 from ._runtime.stats import HasStats
-from ._runtime.start import AUTO_REPLACEMENTS, LOADER_DEFAULTS, StartSpec, replacements_for, start_pipeline
+from ._runtime.start import LOADER_DEFAULTS, StartSpec, replacements_for, start_pipeline
 from ._state.checkpoint import Progress
 from ._state.epoch_plan import EpochPlan
 from ._state.sharding import resolve_shard, shard_list
@@ -439,8 +439,7 @@ class PipelineLoader(HasStats):
                          batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy,
-                         max_replacements=replacements_for("replace" if processes else "raise",
-                                                           AUTO_REPLACEMENTS if auto else self.num_workers))
+                         max_replacements=replacements_for("replace" if processes else "raise"))
         runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
                                  threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")

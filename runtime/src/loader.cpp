@@ -158,6 +158,8 @@ void Loader::prepare(bool threads) {
   leases_->ledger = std::move(grant.lease);
   budget_note_ = std::move(grant.note);
   options_.num_workers = plan_.num_workers;
+  if (options_.max_replacements == kReplaceEachWorker)  // the workers asked, or the most the core chose ("auto")
+    options_.max_replacements = replacement_limit(requested_workers_ > 0 ? requested_workers_ : plan_.num_workers);
   // Adaptive: the cores idle now, more as autoscale() finds them needed; adaptive streams run all
   // they were given (the controller's changes are advice: advised_processes()).
   running_.store(options.adaptive && !advises() ? std::min(first, plan_.num_workers) : plan_.num_workers);

@@ -43,18 +43,17 @@ PICKLE_ERROR_WORDS = (
 
 
 ON_WORKER_DEATH = ("replace", "raise")
-AUTO_REPLACEMENTS = 8
-"""The workers counted for the replacements of a loader with num_workers="auto"."""
 
 
-def replacements_for(on_worker_death: str, num_workers: int) -> int:
+def replacements_for(on_worker_death: str) -> int:
     """The core's ``max_replacements`` for a front end's ``on_worker_death``: "raise" none (a lost
-    worker ends the epoch with WorkerDiedError); "replace" as many lost workers per epoch as there
-    are workers, and at least 3 (a poison sample is stopped at its second death anyway)."""
+    worker ends the epoch with WorkerDiedError); "replace" the core's count for the processes the
+    loader gets (``_core.replacement_limit``: one per process, at least 3; a poison sample is stopped
+    at its second death anyway)."""
     if on_worker_death not in ON_WORKER_DEATH:
         raise ValueError(f"on_worker_death should be one of {', '.join(map(repr, ON_WORKER_DEATH))}, "
                          f"but got {on_worker_death!r}")
-    return max(3, num_workers) if on_worker_death == "replace" else 0
+    return _core.REPLACE_EACH_WORKER if on_worker_death == "replace" else 0
 
 
 @dataclasses.dataclass(frozen=True)

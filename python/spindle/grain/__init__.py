@@ -74,7 +74,7 @@ def mp_prefetch(ds: Any, options: Optional[Any] = None,
     ``WorkerDiedError`` names them. ``"raise"``: the first loss raises, as grain.
 
     ``options.num_workers="auto"``: spindle's choice (:func:`auto_workers`), see :class:`DataLoader`."""
-    replacements_for(on_worker_death, 0)
+    replacements_for(on_worker_death)
     options = options or grain.multiprocessing.MultiprocessingOptions(num_workers=10)
     auto = _is_auto(options.num_workers, "mp_prefetch's options.num_workers")
     if auto:
@@ -428,7 +428,7 @@ class DataLoader(HasStats):
     def __init__(self, *, data_source: Any, sampler: Any, operations: Any = (),
                  worker_count: "Optional[int] | str" = 0, worker_buffer_size: int = 1, shard_options: Any = None,
                  read_options: Any = None, enable_profiling: bool = False, on_worker_death: str = "replace") -> None:
-        replacements_for(on_worker_death, 0)
+        replacements_for(on_worker_death)
         auto = _is_auto(worker_count, "worker_count")
         if auto:
             worker_count = auto_workers()

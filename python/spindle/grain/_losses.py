@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import _core
 from .._runtime.start import replacements_for
 from ..errors import WorkerDiedError
 
@@ -14,7 +15,8 @@ class Losses:
     """One iterator's lost workers: at most ``max(3, num_workers)``, none twice at the same state."""
 
     def __init__(self, on_worker_death: str, num_workers: int) -> None:
-        self.limit = replacements_for(on_worker_death, num_workers)
+        replacements_for(on_worker_death)  # a known value
+        self.limit = _core.replacement_limit(num_workers) if on_worker_death == "replace" else 0
         self._seen: list[tuple[int, str, bytes]] = []  # (worker, what the error said, the state it was lost at)
 
     def start_again(self, died: WorkerDiedError, at: bytes) -> None:

@@ -160,8 +160,7 @@ class Engine(HasStats):
                              logical_workers=True, fed=fed, prefetch_factor=loader.prefetch_factor,
                              in_order=_compat.in_order(loader), timeout=loader.timeout, start_method=self._start_method(),
                              pickle_warning=_compat.pickle_warning() if self._spawns() else None,
-                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise"),
-                                                               loader.num_workers))
+                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise")))
             body = partial(run_worker, dataset=workers_see, transport=transport, setup=setup)
             # The warnings point at the user's iter(loader).
             runtime = start_runtime(spec, body, order=order, starts=starts, stacklevel=6)
@@ -251,8 +250,7 @@ class Engine(HasStats):
                              timeout=loader.timeout, start_method=self._start_method(),
                              pickle_warning=_compat.pickle_warning() if self._spawns() else None,
                              # asked for, a stream's loss is not replaced: the core's error says why
-                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise"),
-                                                               loader.num_workers))
+                             max_replacements=replacements_for(getattr(loader, "on_worker_death", "raise")))
             body = partial(run_stream_worker, dataset=shared, transport=transport, setup=setup,
                            batch_size=n, drop_last=loader.drop_last,
                            restart=partial(reseed_stream, dataset=shared))

@@ -68,7 +68,7 @@ class DataLoader(Engine, _TorchDataLoader[_T_co]):
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
                  shard: Any = None, shard_drop_last: bool = False, shard_seed: int = 0, share: str = "auto",
                  on_worker_death: str = "raise", **peer_options: Any) -> None:
-        replacements_for(on_worker_death, 0)  # checked now, not at the first epoch
+        replacements_for(on_worker_death)  # checked now, not at the first epoch
         self._shard = resolve_shard(shard)
         self._share = check_share(share)
         if self._shard is not None:

@@ -41,6 +41,15 @@ inline constexpr int kAutoMax = 64;
 // adaptive loader with num_workers 0, and the logical workers a front end gives adaptive streams
 // (their data is defined by them: chosen once, from the machine, never from the moment's load).
 int auto_workers(const BudgetSources& sources = {});
+// LoaderOptions::max_replacements = kReplaceEachWorker: lost workers replaced per epoch, as many as
+// the workers asked (requested_workers(); under "auto" the most processes the core chose), at least
+// kMinReplacements. replacement_limit(n) is that count for n processes (a front end that restarts its
+// own streams, spindle.grain, counts its losses by it).
+inline constexpr int kReplaceEachWorker = -1;
+inline constexpr int kMinReplacements = 3;
+constexpr int replacement_limit(int num_workers) noexcept {
+  return num_workers > kMinReplacements ? num_workers : kMinReplacements;
+}
 // The processes an adaptive loader starts with: the cores idle this instant (`cpus` less the other
 // tasks runnable now, /proc/stat's procs_running, fewest of three readings a millisecond apart),
 // at least 1 and at most `cpus`; the controller's "a core is free" at its start.
@@ -123,6 +132,7 @@ struct LoaderOptions {
   // (round_robin) cannot be taken up where a lost process left it, so there a
   // death is always fatal. The batches and their order are those of a run
   // without the death; per-worker state (a random generator) starts again.
+  // kReplaceEachWorker: replacement_limit(the workers asked), resolved at construction.
   int max_replacements = 0;
   // Adaptive processes (Python's num_workers="auto"): num_workers is the most
   // processes (0: the core's choice, kAutoPerCpu per usable cpu, at most
