@@ -33,7 +33,8 @@
 // and the controller stops there: the front end starts its streams again on
 // that many processes from the state of each one's last element delivered.
 // A change costs a restart of every stream, so growth advises all the
-// processes the free cores hold at once, not a doubling.
+// processes the free cores hold at once, not a doubling, and all the logical
+// workers when the processes wait on I/O with a core free.
 //
 // A fixed count (not adaptive) where any worker takes any batch follows the
 // budget alone, when the budget is finite: processes retire as above, and come
@@ -226,6 +227,9 @@ void Loader::autoscale() {
     const bool waits_on_io = wait_share > kFastWait && per_process < kIoBound;
     const int step = advises() || waits_on_io ? most : wait_share > kFastWait ? 3 * running : running;
     int n = std::clamp(std::min(fit, step), 1, most - running);
+    // Streams waiting on I/O with a core free take all at once: the first window's fit counts the
+    // start's CPU (forks, the pipelines' setup; 2 -> 10 -> 16 over HTTP), and each step restarts them.
+    if (advises() && waits_on_io && free_cores >= kFreeCore) n = most - running;
     if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
       // What a process costs is known once one has published a batch: its dataset's runtimes start
       // their threads at first use (polars, Arrow). Until then, no more.
