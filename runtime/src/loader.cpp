@@ -172,6 +172,7 @@ void Loader::prepare(bool threads) {
     auto_ = std::make_unique<AutoScale>();
     auto_->cpus = ThreadBudget(sources).cpus();
     auto_->samples_at_start.assign(static_cast<std::size_t>(plan_.num_workers), 0);
+    auto_->granted_less = chosen && advises() && plan_.num_workers < processes;
   }
   logical_ = static_cast<uint32_t>(logical ? requested_workers_ : plan_.num_workers);
   if (logical && !budget_note_.empty()) {

@@ -34,7 +34,9 @@
 // that many processes from the state of each one's last element delivered.
 // A change costs a restart of every stream, so growth advises all the
 // processes the free cores hold at once, not a doubling, and all the logical
-// workers when the processes wait on I/O with a core free.
+// workers when the processes wait on I/O with a core free. Streams the budget
+// granted fewer processes than advised are not advised more until they start
+// again (the grant would refuse it again: a restart each window).
 //
 // A fixed count (not adaptive) where any worker takes any batch follows the
 // budget alone, when the budget is finite: processes retire as above, and come
@@ -215,7 +217,8 @@ void Loader::autoscale() {
   const double busy_share =
       static_cast<double>(busy_ns > a.busy_ns ? busy_ns - a.busy_ns : 0) / 1e9 / seconds / std::max(1, running);
 
-  const int most = advises() ? static_cast<int>(logical_) : options_.num_workers;  // streams: one a logical worker
+  // Streams: one a logical worker, or those running when the budget granted fewer than advised.
+  const int most = !advises() ? options_.num_workers : a.granted_less ? running : static_cast<int>(logical_);
   const double per_process = worker_cores / std::max(1, running);
   if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
     a.idle_windows = 0;

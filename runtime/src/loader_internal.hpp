@@ -51,6 +51,9 @@ struct AutoScale {
   uint64_t idle_ticks = 0;          // the machine's idle CPU ticks at `since` (0: unknown)
   int cpus = 1;                     // usable cpus (affinity, cgroup cpu.max)
   int idle_windows = 0;             // windows in a row with the workers idle and next() not waiting
+  // Adaptive streams the budget granted fewer processes than the advice asked: no growth advised
+  // until they start again (it would restart them on what the budget has just refused, over and over).
+  bool granted_less = false;
   std::chrono::steady_clock::time_point budget_checked{};
   std::string reason;               // the last change's line
   // Per worker: its record's samples when its process started (a process that has published more

@@ -14,7 +14,7 @@ import pytest
 
 import spindle
 from toy_datasets import Waits
-from unprivileged import run_limited
+from unprivileged import import_closure, run_limited
 
 
 def test_auto_grows_while_the_loop_waits_on_io_and_gives_a_fixed_runs_batches(caplog):
@@ -138,3 +138,64 @@ print(json.dumps(report))
     assert r["grown"] > 2 and r["held"] >= 1, r
     assert r["burst"] == "started", (r, done.stderr[-3000:])
     assert "of the user's budget left" in done.stderr, done.stderr[-3000:]
+
+
+GRAIN_GIVES_BACK = r"""
+import json, logging, threading, time
+import grain, spindle, spindle.grain as sgrain
+from absl import flags
+flags.FLAGS.mark_as_parsed()
+logging.basicConfig(level=logging.INFO)
+
+class Wait(grain.transforms.Map):
+    def map(self, x):
+        time.sleep(0.01)
+        return x
+
+ds = grain.MapDataset.range(4000).to_iter_dataset().map(Wait())
+it = iter(sgrain.mp_prefetch(ds, grain.multiprocessing.MultiprocessingOptions(num_workers="auto")))
+seen, stop, held, report = [], threading.Event(), [], {}
+budget = lambda: spindle.ThreadBudget().nproc_headroom
+for k, x in enumerate(it):
+    seen.append(int(x))
+    if k == 800:  # the loop takes what is free, less one task
+        report["grown"] = len(it.worker_pids)
+        while budget() > 1:
+            t = threading.Thread(target=stop.wait); t.start(); held.append(t)
+        report["held"] = len(held)
+        report["took"] = time.monotonic()
+    # A checkpoint's burst, once the processes gave the tasks back (or after 5 s: then it fails)
+    if held and "burst" not in report and (budget() >= 5 or time.monotonic() > report["took"] + 5):
+        report["waited_s"] = round(time.monotonic() - report["took"], 2)
+        report["processes"] = len(it.worker_pids)
+        burst = [threading.Thread(target=stop.wait) for _ in range(4)]
+        try:
+            for t in burst: t.start()
+            report["burst"] = "started"
+        except RuntimeError as e:
+            report["burst"] = str(e)
+        held += [t for t in burst if t.is_alive()]
+stop.set()
+for t in held: t.join()
+report.update(in_order=seen == list(range(4000)), logical=sgrain.auto_workers())
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged uid")
+def test_grain_auto_gives_processes_back_when_the_loop_needs_tasks_under_a_tight_limit():
+    """Proves: spindle.grain's num_workers="auto" as an unprivileged uid with 24 tasks of headroom: the
+    slices grow on waiting elements; then the loop starts threads until 1 task is left, the controller
+    advises fewer processes (naming the budget), the slices start again on them from their states, and 4
+    more threads of the loop start; the elements are the fixed run's (the range, in order)."""
+    done = run_limited(GRAIN_GIVES_BACK, headroom=24, timeout=240, packages=import_closure("spindle", "grain"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    assert r["in_order"], r
+    assert r["grown"] > 1 and r["held"] >= 1, r
+    assert r["burst"] == "started" and r["processes"] < r["grown"], (r, done.stderr[-3000:])
+    assert "of the user's budget left" in done.stderr, done.stderr[-3000:]
+    # A few changes, not a restart each window: advice past what the budget then grants is not repeated.
+    changes = done.stderr.count("the streams start again on them from their states")
+    assert 2 <= changes <= 4, done.stderr[-3000:]
