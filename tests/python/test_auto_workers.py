@@ -88,15 +88,46 @@ def test_auto_is_refused_where_batches_depend_on_the_worker_count(tmp_path):
                                mode="processes")
 
 
+# The loop of a limited run: at element `at` it takes every free task but one (threads that wait), then
+# starts a checkpoint's burst of 4 threads once the processes gave tasks back (or after 5 s: then it fails).
+TAKE_THEN_BURST = r"""
+import json, logging, threading, time, spindle
+logging.basicConfig(level=logging.INFO)
+stop, held, report = threading.Event(), [], {}
+budget = lambda: spindle.ThreadBudget().nproc_headroom
+
+def after_element(k, at, it):
+    if k == at:
+        report["grown"] = len(it.worker_pids)
+        while budget() > 1:
+            t = threading.Thread(target=stop.wait); t.start(); held.append(t)
+        report["held"] = len(held)
+        report["took"] = time.monotonic()
+    if held and "burst" not in report and (budget() >= 5 or time.monotonic() > report["took"] + 5):
+        report["waited_s"] = round(time.monotonic() - report["took"], 2)
+        report["processes"] = len(it.worker_pids)
+        burst = [threading.Thread(target=stop.wait) for _ in range(4)]
+        try:
+            for t in burst: t.start()
+            report["burst"] = "started"
+        except RuntimeError as e:
+            report["burst"] = str(e)
+        held.extend(t for t in burst if t.is_alive())
+
+def finish():
+    stop.set()
+    for t in held: t.join()
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root to switch to an unprivileged uid")
 def test_auto_gives_processes_back_when_the_loop_needs_tasks_under_a_tight_limit():
     """Proves: as an unprivileged uid with 24 tasks of headroom, "auto" grows on waiting samples;
     then the loop starts threads until 1 task is left, and processes retire (naming the budget) so
     that 4 more threads of the loop start (a checkpoint's burst); every sample once."""
-    script = r'''
-import json, os, threading, time, numpy as np, spindle, logging
-logging.basicConfig(level=logging.INFO)
+    script = TAKE_THEN_BURST + r'''
+import numpy as np
 class Waits:
     def __len__(self): return 6000
     def __getitem__(self, i):
@@ -104,29 +135,12 @@ class Waits:
         return np.full(2, i, np.int64)
 loader = spindle.DataLoader(Waits(), batch_size=4, num_workers="auto")
 it = iter(loader)
-seen, peak, stop, held, report = [], 0, threading.Event(), [], {}
-budget = lambda: spindle.ThreadBudget().nproc_headroom
+seen, peak = [], 0
 for k, batch in enumerate(it):
     seen += batch[:, 0].tolist()
     peak = max(peak, len(it.worker_pids))
-    if k == 150:  # the loop takes what is free, less one task
-        report["grown"] = len(it.worker_pids)
-        while budget() > 1:
-            t = threading.Thread(target=stop.wait); t.start(); held.append(t)
-        report["held"] = len(held)
-        report["took"] = time.monotonic()
-    # A checkpoint's burst, once the processes gave the tasks back (or after 5 s: then it fails)
-    if held and "burst" not in report and (budget() >= 5 or time.monotonic() > report["took"] + 5):
-        report["waited_s"] = round(time.monotonic() - report["took"], 2)
-        burst = [threading.Thread(target=stop.wait) for _ in range(4)]
-        try:
-            for t in burst: t.start()
-            report["burst"] = "started"
-        except RuntimeError as e:
-            report["burst"] = str(e)
-        held += [t for t in burst if t.is_alive()]
-stop.set()
-for t in held: t.join()
+    after_element(k, 150, it)
+finish()
 report.update(samples=len(seen), distinct=len(set(seen)), peak=peak, processes=loader.stats()["processes"],
               reason=loader.stats()["resize_reason"])
 print(json.dumps(report))
@@ -140,12 +154,10 @@ print(json.dumps(report))
     assert "of the user's budget left" in done.stderr, done.stderr[-3000:]
 
 
-GRAIN_GIVES_BACK = r"""
-import json, logging, threading, time
-import grain, spindle, spindle.grain as sgrain
+GRAIN_GIVES_BACK = TAKE_THEN_BURST + r"""
+import grain, spindle.grain as sgrain
 from absl import flags
 flags.FLAGS.mark_as_parsed()
-logging.basicConfig(level=logging.INFO)
 
 class Wait(grain.transforms.Map):
     def map(self, x):
@@ -154,29 +166,11 @@ class Wait(grain.transforms.Map):
 
 ds = grain.MapDataset.range(4000).to_iter_dataset().map(Wait())
 it = iter(sgrain.mp_prefetch(ds, grain.multiprocessing.MultiprocessingOptions(num_workers="auto")))
-seen, stop, held, report = [], threading.Event(), [], {}
-budget = lambda: spindle.ThreadBudget().nproc_headroom
+seen = []
 for k, x in enumerate(it):
     seen.append(int(x))
-    if k == 800:  # the loop takes what is free, less one task
-        report["grown"] = len(it.worker_pids)
-        while budget() > 1:
-            t = threading.Thread(target=stop.wait); t.start(); held.append(t)
-        report["held"] = len(held)
-        report["took"] = time.monotonic()
-    # A checkpoint's burst, once the processes gave the tasks back (or after 5 s: then it fails)
-    if held and "burst" not in report and (budget() >= 5 or time.monotonic() > report["took"] + 5):
-        report["waited_s"] = round(time.monotonic() - report["took"], 2)
-        report["processes"] = len(it.worker_pids)
-        burst = [threading.Thread(target=stop.wait) for _ in range(4)]
-        try:
-            for t in burst: t.start()
-            report["burst"] = "started"
-        except RuntimeError as e:
-            report["burst"] = str(e)
-        held += [t for t in burst if t.is_alive()]
-stop.set()
-for t in held: t.join()
+    after_element(k, 800, it)
+finish()
 report.update(in_order=seen == list(range(4000)), logical=sgrain.auto_workers())
 print(json.dumps(report))
 """
