@@ -222,17 +222,18 @@ void Loader::autoscale() {
   const double per_process = worker_cores / std::max(1, running);
   if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
     a.idle_windows = 0;
-    const int fit =
-        per_process > 0.01 ? static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process)) : most;
     // All that fit at once where every change restarts the streams (advice), or where next() waited
     // most of the window on processes that use little CPU (they wait on I/O: the fit is sound, and
-    // each doubling would cost a window of the I/O's latency); else to 4x, or 2x.
+    // each doubling would cost a window of the I/O's latency); else to 4x, or 2x. Streams waiting on
+    // I/O with a core free fit all their logical workers: the first window's CPU counts the start
+    // (forks, the pipelines' setup; 2 -> 10 -> 16 over HTTP), and each step restarts them.
     const bool waits_on_io = wait_share > kFastWait && per_process < kIoBound;
+    const bool all = advises() && waits_on_io && free_cores >= kFreeCore;
+    const int fit = all || per_process <= 0.01
+                        ? most
+                        : static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process));
     const int step = advises() || waits_on_io ? most : wait_share > kFastWait ? 3 * running : running;
     int n = std::clamp(std::min(fit, step), 1, most - running);
-    // Streams waiting on I/O with a core free take all at once: the first window's fit counts the
-    // start's CPU (forks, the pipelines' setup; 2 -> 10 -> 16 over HTTP), and each step restarts them.
-    if (advises() && waits_on_io && free_cores >= kFreeCore) n = most - running;
     if (plan_.budget != kUnlimited) {  // none that would leave the consumer less than its reserve
       // What a process costs is known once one has published a batch: its dataset's runtimes start
       // their threads at first use (polars, Arrow). Until then, no more.

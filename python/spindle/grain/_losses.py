@@ -15,8 +15,7 @@ class Losses:
     """One iterator's lost workers: at most ``max(3, num_workers)``, none twice at the same state."""
 
     def __init__(self, on_worker_death: str, num_workers: int) -> None:
-        replacements_for(on_worker_death)  # a known value
-        self.limit = _core.replacement_limit(num_workers) if on_worker_death == "replace" else 0
+        self.limit = _core.replacement_limit(num_workers) if replacements_for(on_worker_death) else 0
         self._seen: list[tuple[int, str, bytes]] = []  # (worker, what the error said, the state it was lost at)
 
     def start_again(self, died: WorkerDiedError, at: bytes) -> None:
