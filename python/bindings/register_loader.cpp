@@ -121,7 +121,8 @@ void register_stats(py::module_& m) {
 void register_loader(py::module_& m) {
   m.def("auto_workers", [] { return auto_workers(); },
         "The core's count for num_workers=\"auto\" on this process's usable cpus: the most processes of an "
-        "adaptive loader, and the logical workers of adaptive streams (spindle.grain).");
+        "adaptive loader, and the logical workers of adaptive streams (spindle.grain, a PipelineLoader's "
+        "WebDataset stream).");
   m.attr("REPLACE_EACH_WORKER") = kReplaceEachWorker;
   m.def("replacement_limit", &replacement_limit, py::arg("num_workers"),
         "Lost workers replaced per epoch for a loader of `num_workers` workers (at least 3); what "
@@ -206,6 +207,11 @@ void register_loader(py::module_& m) {
                              "The structure bytes the worker sent with an 'arrays' batch.")
       .def_property_readonly("skipped", &Batch::skipped,
                              "Samples of this batch the worker could not read and replaced (on_error='skip').")
+      .def_property_readonly("stream", &Batch::stream,
+                             "Round-robin streams: the logical worker whose stream this batch is from (-1: planned).")
+      .def_property_readonly("stream_position", &Batch::stream_position,
+                             "Round-robin streams: where that stream stands after this batch (opaque; 0: the start). "
+                             "A native pipeline starts its streams there again (pipeline_loader's stream_starts).")
       .def("arrays",
            [](py::object self) {
              Batch& b = self.cast<Batch&>();

@@ -74,8 +74,8 @@ void register_pipeline(py::module_& m) {
   m.def(
       "pipeline_loader",
       [](std::shared_ptr<const Pipeline> pipe, const LoaderOptions& options, const py::buffer& order, bool drop_last,
-         bool threads, uint64_t seed, uint64_t epoch) {
-        PipelineEpoch e{int64_vector(order, "order"), seed, epoch, drop_last};
+         bool threads, uint64_t seed, uint64_t epoch, std::vector<uint64_t> stream_starts) {
+        PipelineEpoch e{int64_vector(order, "order"), seed, epoch, drop_last, std::move(stream_starts)};
         LoaderOptions o = options;
         set_python_callbacks(o);
         if (threads) {
@@ -89,10 +89,11 @@ void register_pipeline(py::module_& m) {
                                     interpreter_fork_hooks());
       },
       py::arg("pipeline"), py::arg("options"), py::kw_only(), py::arg("order"), py::arg("drop_last") = false,
-      py::arg("threads") = false, py::arg("seed"), py::arg("epoch"),
+      py::arg("threads") = false, py::arg("seed"), py::arg("epoch"), py::arg("stream_starts") = std::vector<uint64_t>{},
       "A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the "
       "pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline "
-      "sets round_robin, slot_bytes and max_skip_ratio).");
+      "sets round_robin, logical_workers, slot_bytes and max_skip_ratio). A stream's `stream_starts`: "
+      "each logical worker's Batch.stream_position of its last batch delivered (empty: from the start).");
 }
 
 }  // namespace spindle::python

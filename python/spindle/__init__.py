@@ -14,7 +14,7 @@ OpenBLAS starts its pool.
 from typing import Any
 
 from . import errors
-from ._core import ArraySource, ImageFolder, ThreadBudget, ThreadPlan, WebDataset, count_process_threads
+from ._core import ArraySource, ImageFolder, ThreadBudget, ThreadPlan, WebDataset, auto_workers, count_process_threads
 from .errors import (
     BatchFailedError,
     DataError,
@@ -44,6 +44,7 @@ __all__ = [
     "ThreadBudget",
     "ThreadPlan",
     "count_process_threads",
+    "auto_workers",
     "limit_threads",
     "shared",
     "SharedList",

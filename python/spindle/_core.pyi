@@ -551,6 +551,16 @@ class Batch:
         Samples of this batch the worker could not read and replaced (on_error='skip').
         """
     @property
+    def stream(self) -> int:
+        """
+        Round-robin streams: the logical worker whose stream this batch is from (-1: planned).
+        """
+    @property
+    def stream_position(self) -> int:
+        """
+        Round-robin streams: where that stream stands after this batch (opaque; 0: the start). A native pipeline starts its streams there again (pipeline_loader's stream_starts).
+        """
+    @property
     def structure(self) -> bytes:
         """
         The structure bytes the worker sent with an 'arrays' batch.
@@ -1071,7 +1081,7 @@ def arm_parent_death(parent: typing.SupportsInt | typing.SupportsIndex, signal: 
     """
 def auto_workers() -> int:
     """
-    The core's count for num_workers="auto" on this process's usable cpus: the most processes of an adaptive loader, and the logical workers of adaptive streams (spindle.grain).
+    The core's count for num_workers="auto" on this process's usable cpus: the most processes of an adaptive loader, and the logical workers of adaptive streams (spindle.grain, a PipelineLoader's WebDataset stream).
     """
 def center_crop_box(height: typing.SupportsInt | typing.SupportsIndex, width: typing.SupportsInt | typing.SupportsIndex, size: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> tuple[int, int, int, int]:
     """
@@ -1145,9 +1155,9 @@ def open_process_fd(pid: typing.SupportsInt | typing.SupportsIndex, fd: typing.S
     """
     Process pid's descriptor fd opened anew, read-only (/proc/<pid>/fd/<fd>); the new descriptor is the caller's to close. OSError (errno set) if the process or descriptor is gone or another uid's.
     """
-def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex) -> Loader:
+def pipeline_loader(pipeline: Pipeline, options: LoaderOptions, *, order: typing_extensions.Buffer, drop_last: bool = False, threads: bool = False, seed: typing.SupportsInt | typing.SupportsIndex, epoch: typing.SupportsInt | typing.SupportsIndex, stream_starts: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex] = []) -> Loader:
     """
-    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, slot_bytes and max_skip_ratio).
+    A runtime Loader whose workers (forked processes, or arena threads with threads=True) run the pipeline over `order` in batches of options.batch_capacity (make_pipeline_loader: the pipeline sets round_robin, logical_workers, slot_bytes and max_skip_ratio). A stream's `stream_starts`: each logical worker's Batch.stream_position of its last batch delivered (empty: from the start).
     """
 def plain_values(items: typing.Any) -> bool:
     """

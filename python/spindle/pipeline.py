@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import os
 import warnings
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from ._runtime.start import LOADER_DEFAULTS, StartSpec, replacements_for, start_
 from ._state.checkpoint import Progress
 from ._state.epoch_plan import EpochPlan
 from ._state.sharding import resolve_shard, shard_list
-from .errors import DataError, DecodeError, InternalError, SpindleError
+from .errors import DataError, DecodeError, InternalError, ProcessesAdvised, SpindleError
 
 __all__ = ["Pipeline", "image_folder", "webdataset", "arrays", "PipelineLoader"]
 
@@ -305,11 +305,15 @@ class PipelineLoader(HasStats):
     Args:
         pipeline: what to read and do.
         num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
-            ``"auto"`` (``mode="processes"``, not a WebDataset stream): a process per idle core starts, more
+            ``"auto"`` (``mode="processes"``): a process per idle core starts, more
             are added while your loop waits for batches and a core is free, and one retires when
             the workers idle; the batches do not depend on it (``spindle.DataLoader``'s
-            ``num_workers="auto"``). A lost worker process is replaced (its batch made again,
-            at most ``max(3, num_workers)`` a epoch; docs/reliability.md).
+            ``num_workers="auto"``). A WebDataset stream's batches are those of
+            ``num_workers=spindle.auto_workers()`` logical workers (8 a cpu, at most 64: chosen
+            once, from the machine); its streams start again on the processes the controller advises,
+            each from the shard and sample its last batch left it at. A lost worker process of an
+            image-folder or array loader is replaced (its batch made again, at most one per process
+            a epoch, at least 3; docs/reliability.md).
         shuffle: a new permutation every epoch, from (seed, epoch).
         seed: makes order and augmentation reproducible; None draws fresh entropy per epoch.
         mode: "threads" (the default: no fork, the arena's threads in this process; the faster
@@ -383,9 +387,8 @@ class PipelineLoader(HasStats):
                 pipeline, source=("webdataset", tuple(shard_list(list(pipeline.source[1]), self.shard, "shard files"))))
         self.byte_fields = byte_fields
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
-        if auto and self._native.streaming:
-            raise ValueError('num_workers="auto" needs a map-style source: a WebDataset stream\'s batches depend on '
-                             "its worker count")
+        # A stream's batches are defined by its logical workers: under "auto" the core's choice, once.
+        self._streams = (_core.auto_workers() if auto else self.num_workers) if self._native.streaming else 0
         self._names = list(self._native.field_names)
         # The epochs' orders, their entropy, the length per rank and the checkpointed position.
         self._plan = EpochPlan(self._native, pipeline.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
@@ -423,8 +426,8 @@ class PipelineLoader(HasStats):
             seed=self._plan.entropy, source=list(self.pipeline.source[:1]) + [_jsonable(self.pipeline.source[1])],
             samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
             shuffle=self.shuffle, shard_drop_last=self.shard_drop_last)
-        if self._native.streaming:  # a stream's batch order depends on the worker count
-            settings["num_workers"] = self.num_workers
+        if self._native.streaming:  # a stream's batch order depends on its (logical) worker count
+            settings["num_workers"] = self._streams
         return settings
 
     def _epoch_iterator(self, epoch: int, skip: int, resplits: tuple) -> Iterator[dict[str, np.ndarray]]:
@@ -434,24 +437,85 @@ class PipelineLoader(HasStats):
             if len(order) == 0:
                 return iter(())
         auto = self.num_workers == "auto"
-        processes = self.mode == "processes" and not self._native.streaming  # a lost one is replaced
-        spec = StartSpec(num_workers=0 if auto else self.num_workers, adaptive=auto,
+        stream = self._native.streaming
+        processes = self.mode == "processes" and not stream  # a lost one is replaced
+        spec = StartSpec(num_workers=self._streams if stream else 0 if auto else self.num_workers, adaptive=auto,
+                         round_robin=stream, logical_workers=stream,
                          batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy,
                          max_replacements=replacements_for("replace" if processes else "raise"))
-        runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
-                                 threads=self.mode == "threads", drop_last=self.pipeline.drop_last, stacklevel=3)
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
-        it = _SkipWarnings(EpochIterator(runtime, decode, owns=True, reraise=_native_error,
-                                         stats=self._stats_book()))
-        if self._native.streaming:
+
+        def epoch_iterator(spec: StartSpec, stream_starts: Sequence[int] = (),
+                           note: Optional[Callable[[Any], None]] = None) -> EpochIterator:
+            runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
+                                     threads=self.mode == "threads", drop_last=self.pipeline.drop_last,
+                                     stream_starts=stream_starts, stacklevel=4)
+            return EpochIterator(runtime, decode if note is None else _noting(note, decode), owns=True,
+                                 reraise=_native_error, stats=self._stats_book())
+
+        it = _SkipWarnings(_StreamRestarts(spec, epoch_iterator) if auto and stream else epoch_iterator(spec))
+        if stream:
             # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
-            # comes from worker k mod N, so with the same num_workers they are the same batches).
+            # comes from logical worker k mod N, so with the same N they are the same batches).
             for _ in range(skip):
                 if next(it, None) is None:
                     break
         return it
+
+
+def _noting(note: Callable[[Any], None], decode: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def noted(lease: Any) -> Any:
+        note(lease)
+        return decode(lease)
+    return noted
+
+
+class _StreamRestarts:
+    """A WebDataset stream's epoch under ``num_workers="auto"``: its N logical workers run on the
+    processes the core's controller advises (``Loader.advised_processes``). On advice the processes
+    stop (what they had in flight is read again) and new ones start each logical worker's stream where
+    its last batch delivered left it (``Batch.stream_position``), the turn going on from the logical
+    worker after the last batch's: the batches are those of a fixed run with N workers."""
+
+    def __init__(self, spec: StartSpec, start: Callable[..., EpochIterator]) -> None:
+        self._spec = spec
+        self._start = start
+        self._positions = [0] * spec.num_workers  # 0: the stream's start
+        self._next = 0  # the logical worker whose batch comes next
+        self._it = start(spec, note=self._note)
+
+    def _note(self, lease: Any) -> None:
+        self._positions[lease.stream] = lease.stream_position
+        self._next = (lease.stream + 1) % len(self._positions)
+
+    def __iter__(self) -> "_StreamRestarts":
+        return self
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._it.worker_pids
+
+    def close(self) -> None:
+        self._it.close()
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                batch = next(self._it)
+                break
+            except ProcessesAdvised:
+                self._restart()  # advised while no batch was ready: now, not after the one in flight
+        if self._it.advised_processes:
+            self._restart()
+        return batch
+
+    def _restart(self) -> None:
+        processes = self._it.advised_processes
+        self._it.close(grace=0.0)  # their batches in flight are made again by the new processes
+        spec = dataclasses.replace(self._spec, processes=processes, first_worker=self._next)
+        self._it = self._start(spec, self._positions, note=self._note)
 
 
 def _jsonable(value: Any) -> Any:

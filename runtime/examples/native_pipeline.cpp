@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   lo.batch_capacity = 16;  // the batch size
   // make_pipeline_loader adds what the pipeline decides: slot sizes, streams'
   // round robin, and the skip-ratio check when on_error is kSkip.
-  const spindle::PipelineEpoch epoch{order, /*seed=*/7, /*epoch=*/0};
+  const spindle::PipelineEpoch epoch{.order = order, .seed = 7, .epoch = 0};
 
   auto processes = spindle::make_pipeline_loader(pipe, epoch, lo, spindle::PipelineMode::kProcesses);
   const auto a = run(*processes);

@@ -20,6 +20,8 @@ Batch::Batch(std::shared_ptr<RingStorage> ring, uint32_t slot) : ring_(std::move
   const SlotHeader& h = r.slot(slot);
   batch_id_ = h.batch_id;
   skipped_ = h.skipped;
+  stream_ = h.stream;
+  stream_position_ = h.stream_position;
   indices_ = {r.indices(slot), h.count};
   contents_ = read_descriptor(r.descriptor(slot), h.reserved);
   const uint64_t used = contents_.kind == PayloadKind::kRaw
@@ -51,6 +53,8 @@ Batch& Batch::operator=(Batch&& o) noexcept {
     slot_ = o.slot_;
     batch_id_ = o.batch_id_;
     skipped_ = o.skipped_;
+    stream_ = o.stream_;
+    stream_position_ = o.stream_position_;
     indices_ = o.indices_;
     data_ = o.data_;
     contents_ = std::move(o.contents_);

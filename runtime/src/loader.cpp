@@ -368,6 +368,7 @@ void Loader::post_slot(uint32_t s) {
   h.worker = -1;
   h.error_bytes = 0;
   h.failure = h.failure_path_bytes = h.failure_key_bytes = h.skipped = 0;
+  h.stream_position = 0;
   write_raw_descriptor(r.descriptor(s));
   r.set_state(s, SlotState::kPosted);
   r.queue(queue_of(h.stream)).post(s);

@@ -10,6 +10,8 @@
 #include <spindle/loader.hpp>
 #include <spindle/sources.hpp>
 
+#include <stdexcept>
+
 namespace spindle {
 
 namespace {
@@ -102,63 +104,123 @@ WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, 
   };
 }
 
-WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch) {
-  return [pipe = std::move(pipe), seed, epoch](WorkerContext& ctx) {
+namespace {
+
+// One logical worker's WebDataset stream, as the process serving it reads it.
+// Its position is the shard ordinal in its list and the samples read of that
+// shard: (ordinal << 32) | sample, 0 at the start (Batch::stream_position).
+class LogicalStream {
+ public:
+  LogicalStream(const WebDataset& wds, std::vector<std::size_t> shards, uint64_t start)
+      : wds_(wds), shards_(std::move(shards)) {
+    const auto ordinal = static_cast<std::size_t>(start >> 32);
+    const uint64_t sample = start & 0xffffffffu;
+    if (ordinal > shards_.size() || (ordinal == shards_.size() && sample != 0))
+      throw std::invalid_argument("spindle: a stream start names shard " + std::to_string(ordinal) + " of a worker's " +
+                                  std::to_string(shards_.size()) + ": it was saved for other shards or workers");
+    next_ = ordinal;
+    if (sample == 0) return;
+    open();  // the samples of this shard already delivered: read again, not decoded
+    for (uint64_t i = 0; i < sample; ++i)
+      if (!reader_->next())
+        throw DataError("spindle: shard " + reader_->shard() + " has " + std::to_string(i) + " samples, fewer than the " +
+                            std::to_string(sample) + " its stream had read: did it change since?",
+                        reader_->shard(), "");
+    position_ = sample;
+  }
+
+  // The next sample and its draw (shard << 32 | position), or nullopt when the shards end. A
+  // reader error leaves its shard (its tail is lost: the next shard goes on) and is rethrown.
+  std::optional<WdsSample> next(WorkerContext& ctx, uint64_t& draw) {
+    while (true) {
+      if (!reader_) {
+        if (next_ == shards_.size()) return std::nullopt;
+        open();
+      }
+      std::optional<WdsSample> sample;
+      try {
+        sample = reader_->next();
+        ctx.add_bytes_fetched(reader_->bytes_fetched() - fetched_);  // Loader::stats(): bytes from remote shards
+        fetched_ = reader_->bytes_fetched();
+      } catch (...) {
+        reader_.reset();
+        throw;
+      }
+      if (sample) {
+        draw = (static_cast<uint64_t>(shard_) << 32) | position_++;
+        return sample;
+      }
+      reader_.reset();
+    }
+  }
+
+  const std::string& shard_name() const { return reader_->shard(); }
+  uint64_t position() const noexcept {
+    return reader_ ? (static_cast<uint64_t>(next_ - 1) << 32) | position_ : static_cast<uint64_t>(next_) << 32;
+  }
+
+ private:
+  void open() {
+    shard_ = shards_[next_++];
+    position_ = 0;
+    fetched_ = 0;
+    reader_.emplace(wds_, shard_);
+  }
+
+  const WebDataset& wds_;
+  std::vector<std::size_t> shards_;  // of the whole list (WebDataset::shards_of_worker)
+  std::size_t next_ = 0;             // ordinal in shards_ of the shard opened next
+  std::size_t shard_ = 0;            // the shard being read
+  uint64_t position_ = 0;            // of the next sample in it
+  uint64_t fetched_ = 0;             // bytes the reader had fetched at the last count
+  std::optional<WdsShardReader> reader_;
+};
+
+}  // namespace
+
+WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch,
+                                  std::vector<uint64_t> starts) {
+  return [pipe = std::move(pipe), seed, epoch, starts = std::move(starts)](WorkerContext& ctx) {
     const WebDataset& wds = pipe->webdataset();
-    const std::vector<std::size_t> shards =
-        wds.shards_of_worker(static_cast<std::size_t>(ctx.worker_id()), static_cast<std::size_t>(ctx.num_workers()));
+    const auto logical = static_cast<std::size_t>(ctx.logical_workers());
     const bool skip = pipe->options().on_error == PipelineOptions::OnError::kSkip;
     const uint32_t capacity = ctx.ring().geometry().batch_capacity;
     const SlotLayout layout = pipe->layout(capacity);
-    std::size_t next_shard = 0, shard = 0;
-    uint64_t position = 0;  // of the next sample in `shard`
-    uint64_t fetched = 0;   // bytes the reader had fetched at the last count
-    std::optional<WdsShardReader> reader;
-    bool ended = false;
+    // The streams of the logical workers this process serves, made at their first item (from
+    // their start) and again at a new epoch of the streams (Loader::reset_streams).
+    std::vector<std::optional<LogicalStream>> streams(logical);
+    std::vector<bool> ended(logical, false);
     BatchBytes batch_bytes;  // reused batch after batch
     while (auto item = ctx.claim()) {
-      if (item->new_stream) {  // Loader::reset_streams: this worker's shards again, from the first
-        next_shard = 0;
-        reader.reset();
-        ended = false;
-      }
-      if (ended) {
-        ctx.exhausted(*item);
-        continue;
-      }
+      const auto l = static_cast<std::size_t>(item->stream >= 0 ? item->stream : ctx.worker_id());
       try {
+        if (item->new_stream) {  // this worker's shards again, from the first
+          streams[l].reset();
+          ended[l] = false;
+        }
+        if (ended[l]) {
+          ctx.exhausted(*item);
+          continue;
+        }
+        if (!streams[l]) {
+          const uint64_t start = starts.empty() || item->new_stream ? 0 : starts.at(l);
+          streams[l].emplace(wds, wds.shards_of_worker(l, logical), start);
+        }
+        LogicalStream& stream = *streams[l];
         std::span<std::byte> out = ctx.begin_arrays(*item, layout, "");
         uint32_t count = 0;
         Skips skips;
         BatchBytes& bytes = batch_bytes;
         while (count < capacity) {
-          if (!reader) {
-            if (next_shard == shards.size()) {
-              ended = true;
-              break;
-            }
-            shard = shards[next_shard++];
-            position = 0;
-            fetched = 0;
-            reader.emplace(wds, shard);
-          }
-          std::optional<WdsSample> sample;
-          try {
-            sample = reader->next();
-            ctx.add_bytes_fetched(reader->bytes_fetched() - fetched);  // Loader::stats(): bytes from remote shards
-            fetched = reader->bytes_fetched();
-          } catch (...) {
-            reader.reset();  // a corrupt shard: its tail is lost, the next shard goes on
-            throw;
-          }
+          uint64_t draw = 0;
+          std::optional<WdsSample> sample = stream.next(ctx, draw);
           if (!sample) {
-            reader.reset();
-            continue;
+            ended[l] = true;
+            break;
           }
-          const uint64_t draw = (static_cast<uint64_t>(shard) << 32) | position++;
           ctx.set_sample(static_cast<int64_t>(draw));
           try {
-            SampleId id{sample->origin, reader->shard(), sample->key};
+            SampleId id{sample->origin, stream.shard_name(), sample->key};
             Sample x;
             x.id = &id;
             take_members(*sample, pipe->options().keep, id, x);
@@ -175,6 +237,7 @@ WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t
         }
         pipe->put_bytes(layout, out, bytes, count);
         note_skips(ctx, *item, layout, skips);
+        ctx.set_stream_position(*item, stream.position());
         ctx.commit(*item, count);
       } catch (...) {
         fail_current(ctx, *item);
@@ -188,12 +251,16 @@ std::unique_ptr<Loader> make_pipeline_loader(std::shared_ptr<const Pipeline> pip
                                              LoaderOptions options, PipelineMode mode, ForkHooks hooks) {
   const bool stream = pipe->streaming();
   options.round_robin = stream;
+  options.logical_workers = stream;  // a stream's data is defined by the workers asked, whatever runs them
+  if (!epoch.stream_starts.empty() && epoch.stream_starts.size() != static_cast<std::size_t>(options.num_workers))
+    SPINDLE_THROW(std::invalid_argument, "spindle: " + std::to_string(epoch.stream_starts.size()) +
+                                             " stream starts for " + std::to_string(options.num_workers) + " workers");
   options.slot_bytes = pipe->layout(options.batch_capacity).bytes();
   options.max_skip_ratio.reset();
   if (pipe->options().on_error == PipelineOptions::OnError::kSkip) options.max_skip_ratio = pipe->options().max_skip_ratio;
   BatchPlan plan = stream ? BatchPlan::chunked({}, options.batch_capacity, false)
                           : BatchPlan::chunked(std::move(epoch.order), options.batch_capacity, epoch.drop_last);
-  WorkerMain body = stream ? pipeline_stream_worker(pipe, epoch.seed, epoch.epoch)
+  WorkerMain body = stream ? pipeline_stream_worker(pipe, epoch.seed, epoch.epoch, std::move(epoch.stream_starts))
                            : pipeline_worker(pipe, epoch.seed, epoch.epoch);
   Launcher launcher = mode == PipelineMode::kThreads ? Launcher::threads(std::move(body))
                                                      : Launcher::fork(std::move(body), std::move(hooks));

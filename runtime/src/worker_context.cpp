@@ -219,6 +219,10 @@ void WorkerContext::commit(const WorkItem& item, uint32_t count) noexcept {
   finish(item, SlotState::kReady);
 }
 
+void WorkerContext::set_stream_position(const WorkItem& item, uint64_t position) noexcept {
+  ring().slot(item.slot).stream_position = position;
+}
+
 void WorkerContext::exhausted(const WorkItem& item) noexcept {
   SlotHeader& h = ring().slot(item.slot);
   h.count = 0;

@@ -134,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(Geometries, BatchRingLayout,
 // Proves: slot headers, worker records and the `completed` counter each own a full cache line.
 TEST(BatchRingLayoutStatic, SharedFieldsOwnTheirCacheLines) {
   EXPECT_EQ(alignof(SlotHeader), kCacheLine);
-  EXPECT_EQ(sizeof(SlotHeader), kCacheLine);
+  EXPECT_EQ(sizeof(SlotHeader) % kCacheLine, 0u);
   EXPECT_EQ(alignof(WorkerRecord), kCacheLine);
   EXPECT_EQ(sizeof(WorkerRecord), kCacheLine);
   EXPECT_EQ(offsetof(RingHeader, completed) % kCacheLine, 0u);

@@ -17,6 +17,7 @@
 
 #include "jpeg_encode.hpp"
 #include "npy_images.hpp"  // runtime/examples
+#include "tar_write.hpp"
 #include "test_support.hpp"
 
 namespace spindle {
@@ -258,6 +259,86 @@ TEST(PipelineStages, BytesThatDoNotFitNameTheSampleAndTheSizeToSet) {
   payload.assign(fits.bytes(), std::byte{0});
   fill_batch(*pipe, indices, 0, 0, fits, payload);
   EXPECT_EQ(fits.bytes_column(payload, 2, 4)[3].size(), 25u);
+}
+
+// WebDataset shards of 1 to 4 small JPEGs each (key.jpg, key.cls = the shard's number).
+std::vector<std::string> write_shards(const TempDir& dir, int count) {
+  std::vector<std::string> paths;
+  for (int s = 0; s < count; ++s) {
+    std::string tar;
+    for (int k = 0; k < 1 + s % 4; ++k) {
+      ops::Image img;
+      img.height = 12 + k;
+      img.width = 16;
+      img.pixels.assign(static_cast<std::size_t>(img.height) * img.width * 3, static_cast<uint8_t>(20 * s + k));
+      const auto jpeg = testing::encode_jpeg(img, 90);
+      const std::string key = "s" + std::to_string(s) + "_" + std::to_string(k);
+      tar += testing::tar_member(key + ".jpg", std::string(reinterpret_cast<const char*>(jpeg.data()), jpeg.size()));
+      tar += testing::tar_member(key + ".cls", std::to_string(s));
+    }
+    paths.push_back((dir.path() / ("shard-" + std::to_string(s) + ".tar")).string());
+    testing::write_file(paths.back(), tar + testing::kTarEnd);
+  }
+  return paths;
+}
+
+struct StreamBatch {
+  std::vector<int64_t> labels;
+  std::vector<uint8_t> images;
+  int stream;
+  uint64_t position;
+  bool operator==(const StreamBatch&) const = default;
+};
+
+// The batches of a stream pipeline whose `logical` workers run on `processes`, started at `starts`
+// with batch 0 asked of `first`.
+std::vector<StreamBatch> run_stream(std::shared_ptr<const Pipeline> pipe, int logical, int processes,
+                                    std::vector<uint64_t> starts = {}, int first = 0) {
+  LoaderOptions lo;
+  lo.num_workers = logical;
+  lo.processes = processes;
+  lo.first_worker = first;
+  lo.batch_capacity = 3;
+  auto loader = make_pipeline_loader(pipe, PipelineEpoch{.seed = 5, .epoch = 2, .stream_starts = std::move(starts)},
+                                     lo, PipelineMode::kProcesses);
+  std::vector<StreamBatch> out;
+  while (auto b = loader->next()) {
+    const auto labels = b->field<int64_t>(1);
+    const auto images = b->field<uint8_t>(0);
+    out.push_back({{labels.begin(), labels.end()}, {images.begin(), images.end()}, b->stream(), b->stream_position()});
+  }
+  return out;
+}
+
+// Proves: a WebDataset stream's logical workers give the same batches on fewer processes; each
+// batch says where its stream stands; and streams started from those positions (the last batch's of
+// each logical worker), the turn going on after the last batch, give the rest of the epoch exactly:
+// what an adaptive stream does on advice. A position past a worker's shards is refused by name.
+TEST(PipelineStreams, LogicalWorkersRunOnAnyProcessesAndStartAgainWhereTheirLastBatchLeftThem) {
+  TempDir dir;
+  PipelineOptions o;
+  o.webdataset = write_shards(dir, 11);
+  o.stages = {stages::decode(), stages::random_resized_crop({8, 8}), stages::random_flip(0.5)};
+  auto pipe = std::make_shared<const Pipeline>(o);
+  const std::vector<StreamBatch> reference = run_stream(pipe, 3, 3);
+  ASSERT_GE(reference.size(), 8u);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(reference[k].stream, static_cast<int>(k));
+  EXPECT_EQ(run_stream(pipe, 3, 2), reference) << "3 logical workers on 2 processes";
+  EXPECT_EQ(run_stream(pipe, 3, 1), reference) << "3 logical workers on 1 process";
+  for (std::size_t cut : {1u, 4u, 7u}) {
+    std::vector<uint64_t> starts(3, 0);
+    for (std::size_t k = 0; k < cut; ++k) starts[static_cast<std::size_t>(reference[k].stream)] = reference[k].position;
+    const int first = (reference[cut - 1].stream + 1) % 3;
+    const std::vector<StreamBatch> rest(reference.begin() + static_cast<std::ptrdiff_t>(cut), reference.end());
+    EXPECT_EQ(run_stream(pipe, 3, 2, starts, first), rest) << "started again after batch " << cut;
+  }
+  // Shard 20 of a worker that has 4: refused when its first batch is made, naming the reason.
+  try {
+    run_stream(pipe, 3, 1, {uint64_t{20} << 32, 0, 0});
+    ADD_FAILURE() << "a start past the worker's shards was taken";
+  } catch (const BatchFailedError& e) {
+    EXPECT_NE(std::string(e.what()).find("saved for other shards or workers"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

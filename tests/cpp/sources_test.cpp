@@ -18,11 +18,16 @@
 #include <sstream>
 #include <thread>
 
+#include "tar_write.hpp"
 #include "test_support.hpp"
 
 using namespace spindle;
 using spindle::testing::TempDir;
 using spindle::testing::write_file;
+using spindle::testing::pad;
+using spindle::testing::tar_header;
+using spindle::testing::tar_member;
+using spindle::testing::kTarEnd;
 
 namespace {
 
@@ -37,37 +42,6 @@ void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
   ASSERT_TRUE(out.good());
 }
 
-// One 512-byte ustar header with a correct checksum.
-std::string tar_header(const std::string& name, uint64_t size, char type = '0', const std::string& prefix = "",
-                       const char* size_field = nullptr) {
-  std::string h(512, '\0');
-  std::memcpy(h.data(), name.data(), std::min<std::size_t>(name.size(), 100));
-  std::snprintf(h.data() + 100, 8, "%07o", 0644);
-  std::snprintf(h.data() + 108, 8, "%07o", 0);
-  std::snprintf(h.data() + 116, 8, "%07o", 0);
-  if (size_field) std::memcpy(h.data() + 124, size_field, std::min<std::size_t>(std::strlen(size_field), 12));
-  else std::snprintf(h.data() + 124, 12, "%011llo", static_cast<unsigned long long>(size));
-  std::snprintf(h.data() + 136, 12, "%011o", 0);
-  h[156] = type;
-  std::memcpy(h.data() + 257, "ustar\0" "00", 8);
-  std::memcpy(h.data() + 345, prefix.data(), std::min<std::size_t>(prefix.size(), 155));
-  std::memset(h.data() + 148, ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  std::snprintf(h.data() + 148, 8, "%06o", sum);
-  return h;
-}
-
-std::string pad(std::string data) {
-  data.resize((data.size() + 511) / 512 * 512, '\0');
-  return data;
-}
-
-std::string tar_member(const std::string& name, const std::string& data, char type = '0',
-                       const std::string& prefix = "") {
-  return tar_header(name, data.size(), type, prefix) + pad(data);
-}
-
 std::string pax_record(const std::string& key, const std::string& value) {
   // "<len> key=value\n" where len counts itself.
   const std::string body = " " + key + "=" + value + "\n";
@@ -76,7 +50,6 @@ std::string pax_record(const std::string& key, const std::string& value) {
   return std::to_string(len) + body;
 }
 
-const std::string kEnd(1024, '\0');
 
 // prefix + n + suffix (std::string operator+ here trips GCC 12's false -Wrestrict, PR 105329).
 std::string numbered(const char* prefix, int n, const char* suffix) {
@@ -262,7 +235,7 @@ TEST(TarReaderTest, UstarGnuAndPaxMembers) {
   tar += tar_member("PaxHeaders/x", pax_record("path", pax_name) + pax_record("size", "3"), 'x') +
          tar_header("ignored-short-name", 99) + pad("abc");
   tar += tar_member("link", "", '2');
-  tar += kEnd;
+  tar += kTarEnd;
   write_bytes(dir.path() / "a.tar", tar);
   TarReader r((dir.path() / "a.tar").string());
   const auto got = read_all(r);
@@ -277,7 +250,7 @@ TEST(TarReaderTest, UstarGnuAndPaxMembers) {
 // oversized long name) throw DataError naming the shard and the byte offset of the damage, never reading past it.
 TEST(TarReaderTest, CorruptShardsNameShardAndOffset) {
   TempDir dir;
-  const std::string good = tar_member("a.jpg", std::string(700, 'x')) + tar_member("a.cls", "1") + kEnd;
+  const std::string good = tar_member("a.jpg", std::string(700, 'x')) + tar_member("a.cls", "1") + kTarEnd;
   auto expect_error = [&](const std::string& name, const std::string& bytes, uint64_t offset,
                           const std::string& what) {
     const auto path = (dir.path() / name).string();
@@ -298,17 +271,17 @@ TEST(TarReaderTest, CorruptShardsNameShardAndOffset) {
   std::string bad_sum = good;
   bad_sum[1536 + 3] ^= 1;
   expect_error("checksum.tar", bad_sum, 1536, "checksum");
-  expect_error("absurd.tar", tar_header("big", 0, '0', "", "77777777777") + kEnd, 0, "runs past the end");
-  expect_error("notoctal.tar", tar_header("big", 0, '0', "", "12x4") + kEnd, 0, "size field");
-  expect_error("longname.tar", tar_member("@LongLink", std::string(5000, 'a'), 'L') + kEnd, 0, "limit");
-  expect_error("dangling_pax.tar", tar_member("x", pax_record("path", "a.jpg"), 'x') + kEnd, 0,
+  expect_error("absurd.tar", tar_header("big", 0, '0', "", "77777777777") + kTarEnd, 0, "runs past the end");
+  expect_error("notoctal.tar", tar_header("big", 0, '0', "", "12x4") + kTarEnd, 0, "size field");
+  expect_error("longname.tar", tar_member("@LongLink", std::string(5000, 'a'), 'L') + kTarEnd, 0, "limit");
+  expect_error("dangling_pax.tar", tar_member("x", pax_record("path", "a.jpg"), 'x') + kTarEnd, 0,
                "followed by the end");
   expect_error("garbage.tar", std::string(2048, 'g'), 0, "checksum");
 }
 
 // Proves: the reader works over a memfd (the fuzz target's path) and never moves the fd's own offset.
 TEST(TarReaderTest, ReadsFromMemfdWithoutMovingItsOffset) {
-  const std::string tar = tar_member("k.txt", "hello") + kEnd;
+  const std::string tar = tar_member("k.txt", "hello") + kTarEnd;
   const int fd = memfd_create("tar", MFD_CLOEXEC);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(write(fd, tar.data(), tar.size()), static_cast<ssize_t>(tar.size()));
@@ -353,7 +326,7 @@ TEST(WebDatasetTest, GroupsByKeyAndReadsLabels) {
   std::string tar = tar_member("__meta__", "skip") + tar_member("a/0001.jpg", "J1") + tar_member("a/0001.CLS", " 5\n") +
                     tar_member("a/0002.jpg", "J2") + tar_member("a/0002.seg.png", "P2") +
                     tar_member("a/0002.json", "{\"x\": [1, {\"label\": 9}], \"label\": -3}") +
-                    tar_member("noext", "skipped") + tar_member("0003.jpg", "J3") + kEnd;
+                    tar_member("noext", "skipped") + tar_member("0003.jpg", "J3") + kTarEnd;
   write_bytes(dir.path() / "s.tar", tar);
   const std::string shard = (dir.path() / "s.tar").string();
   WebDataset ds({shard, shard});
@@ -397,7 +370,7 @@ TEST(WebDatasetTest, GroupsByKeyAndReadsLabels) {
 // Proves: a field repeated within one sample is a DataError naming shard, member and offset.
 TEST(WebDatasetTest, DuplicateFieldIsDataError) {
   TempDir dir;
-  write_bytes(dir.path() / "d.tar", tar_member("1.jpg", "a") + tar_member("1.jpg", "b") + kEnd);
+  write_bytes(dir.path() / "d.tar", tar_member("1.jpg", "a") + tar_member("1.jpg", "b") + kTarEnd);
   WebDataset ds({(dir.path() / "d.tar").string()});
   const std::string msg = data_error_of([&] { ds.for_each_in_shard(0, [](WdsSample&&) { return true; }); });
   EXPECT_NE(msg.find("d.tar"), std::string::npos) << msg;
@@ -419,7 +392,7 @@ TEST(SourcesConcurrency, ThreadsReadingTheSameSourcesAgree) {
     tar += tar_member(std::string(key) + ".jpg", std::string(300 + i, static_cast<char>(i))) +
            tar_member(std::string(key) + ".cls", std::to_string(i % 10));
   }
-  write_bytes(dir.path() / "s.tar", tar + kEnd);
+  write_bytes(dir.path() / "s.tar", tar + kTarEnd);
   std::vector<int32_t> arr(1000);
   for (int i = 0; i < 1000; ++i) arr[i] = i * 7;
 

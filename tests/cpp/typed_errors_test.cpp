@@ -222,7 +222,7 @@ std::vector<int64_t> all_of(std::size_t n) {
 // rethrows what the loader raised.
 uint64_t run_epoch(const BrokenFolder& f, bool threads) {
   std::unique_ptr<Loader> loader =
-      make_pipeline_loader(f.pipe, PipelineEpoch{all_of(f.pipe->size()), 0, 0}, f.options(),
+      make_pipeline_loader(f.pipe, PipelineEpoch{.order = all_of(f.pipe->size())}, f.options(),
                            threads ? PipelineMode::kThreads : PipelineMode::kProcesses);
   uint64_t skipped = 0;
   while (auto b = loader->next()) skipped += b->skipped();
@@ -265,7 +265,7 @@ TEST(TypedErrors, RaisingPipelineLoaderHasNoSkipRatio) {
   LoaderOptions o;
   o.batch_capacity = 2;
   o.max_skip_ratio = 0.5;
-  auto loader = make_pipeline_loader(pipe, PipelineEpoch{all_of(4), 0, 0}, o, PipelineMode::kThreads);
+  auto loader = make_pipeline_loader(pipe, PipelineEpoch{.order = all_of(4)}, o, PipelineMode::kThreads);
   try {
     while (loader->next()) {
     }

@@ -7,6 +7,7 @@
     /droponce/<n>/<name>   the first response closes after byte n, later ones serve the rest
     /stall/<n>/<name>      sends n bytes of the shard, then sends nothing more until shutdown
                            (or until ``release_stalls()``)
+    /slow/<ms>/<name>      answers after ms milliseconds (a remote store's latency)
 
 ``hits[path]`` counts the requests of each path."""
 
@@ -17,6 +18,10 @@ import http.server
 import os
 import re
 import threading
+
+
+class _Listener(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # many workers connect at once (socketserver's 5 drops their SYNs)
 
 
 class ShardServer:
@@ -36,7 +41,7 @@ class ShardServer:
             def do_GET(self):  # noqa: N802 (http.server's name)
                 server._serve(self)
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _Listener(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -66,13 +71,15 @@ class ShardServer:
             self.hits[path] += 1
             hit = self.hits[path]
         mode, arg, name = "plain", 0, path.lstrip("/")
-        m = re.match(r"^/(404|fail|drop|droponce|stall)/(?:(\d+)/)?(.+)$", path)
+        m = re.match(r"^/(404|fail|drop|droponce|stall|slow)/(?:(\d+)/)?(.+)$", path)
         if m:
             mode, arg, name = m.group(1), int(m.group(2) or 0), m.group(3)
         if mode == "404":
             return self._error(h, 404)
         if mode == "fail" and hit <= arg:
             return self._error(h, 500)
+        if mode == "slow":
+            self._stop.wait(arg / 1000)
         file = os.path.join(self.root, name)
         if not os.path.isfile(file):
             return self._error(h, 404)

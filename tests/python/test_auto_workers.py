@@ -69,23 +69,76 @@ def test_auto_retires_processes_when_the_loop_sets_the_pace(caplog):
     assert loader.stats()["processes"] < peak
 
 
-def test_auto_is_refused_where_batches_depend_on_the_worker_count(tmp_path):
-    """Proves: a threads-mode PipelineLoader and a WebDataset stream refuse "auto", naming why."""
-    import io
-    import tarfile
-
+def test_auto_is_refused_by_threads_mode(tmp_path):
+    """Proves: a threads-mode PipelineLoader refuses "auto", naming why."""
     from spindle import pipeline as sp
 
     with pytest.raises(ValueError, match=r'num_workers="auto" needs mode="processes"'):
         spindle.PipelineLoader(sp.image_folder(tmp_path).decode().batch(2), num_workers="auto")
-    shard = tmp_path / "shard-0.tar"
-    with tarfile.open(shard, "w") as tar:
-        info = tarfile.TarInfo("a.cls")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"1"))
-    with pytest.raises(ValueError, match=r"a WebDataset stream's batches depend on its worker count"):
-        spindle.PipelineLoader(sp.webdataset(shard).decode().center_crop(8).batch(2), num_workers="auto",
-                               mode="processes")
+
+
+def write_shards(root, count):
+    """`count` WebDataset shards of 2-4 small JPEGs each (key.jpg + key.cls): local paths."""
+    import io
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for s in range(count):
+        path = root / f"shard-{s:03d}.tar"
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(2 + s % 3):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(buf, format="JPEG")
+                for name, data in ((f"s{s}_{k}.jpg", buf.getvalue()), (f"s{s}_{k}.cls", str(k).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+def test_auto_webdataset_over_slow_http_restarts_its_streams_where_they_were(tmp_path, caplog):
+    """Proves: a WebDataset stream over HTTP with 40 ms a request under "auto" starts on the idle cores,
+    is advised all its logical workers (waiting on I/O) and starts its streams again on them mid-epoch,
+    each from the shard and sample its last batch left it at: the batches equal those of
+    num_workers=auto_workers() in order (none lost, none repeated, the same augmentation), and a
+    checkpoint taken after the restart resumes to the same rest."""
+    from shard_server import ShardServer
+    from spindle import pipeline as sp
+
+    paths = write_shards(tmp_path, 48)
+    logical = spindle.auto_workers()
+    with ShardServer(str(tmp_path)) as server:
+        pipe = (sp.webdataset([server.url(f"slow/40/{p.name}") for p in paths])
+                .decode().random_resized_crop(24).random_flip().batch(3))
+
+        def run(loader, stop=None):
+            out = []
+            for b in loader:
+                out.append((b["image"].tobytes(), b["label"].tolist()))
+                if stop is not None and len(out) == stop:
+                    break
+            return out
+
+        fixed = run(spindle.PipelineLoader(pipe, num_workers=logical, seed=7, mode="processes"))
+        auto = spindle.PipelineLoader(pipe, num_workers="auto", seed=7, mode="processes")
+        with caplog.at_level(logging.INFO, logger="spindle"):
+            got = run(auto)
+        assert len(got) == len(fixed) > 20 and got == fixed
+        restarts = [r.getMessage() for r in caplog.records if "the streams start again" in r.getMessage()]
+        assert restarts and f"-> {logical} worker processes" in restarts[0], restarts
+        assert auto.stats()["processes"] == logical, auto.stats()
+
+        # Stopped after the restart, saved, resumed by a new loader: the same rest.
+        first = spindle.PipelineLoader(pipe, num_workers="auto", seed=7, mode="processes")
+        head = run(first, stop=len(fixed) // 2)
+        resumed = spindle.PipelineLoader(pipe, num_workers="auto", seed=7, mode="processes")
+        resumed.load_state_dict(first.state_dict())
+        assert head + run(resumed) == fixed
 
 
 # The loop of a limited run: at element `at` it takes every free task but one (threads that wait), then

@@ -95,11 +95,17 @@ class EpochIterator:
                      self._runtime.num_slots)
         return self._decode(lease)
 
-    def close(self) -> None:
-        """Stops the workers (if this iterator owns them). Batches already delivered stay valid.
-        Safe from any thread: a ``next()`` waiting elsewhere ends with StopIteration."""
+    @property
+    def advised_processes(self) -> int:
+        """An adaptive stream's advice: the processes the controller wants it on (0: none yet)."""
+        return self._runtime.advised_processes
+
+    def close(self, grace: float = 1.0) -> None:
+        """Stops the workers (if this iterator owns them; a busy one gets ``grace`` seconds to finish
+        its batch). Batches already delivered stay valid. Safe from any thread: a ``next()`` waiting
+        elsewhere ends with StopIteration."""
         if self._owns:
-            self._runtime.close()
+            self._runtime.close(grace=grace)
             if self._stats is not None:
                 self._stats.retire(self._runtime)
 

@@ -15,7 +15,7 @@ import dataclasses
 import multiprocessing
 import pickle
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -163,19 +163,22 @@ def start(spec: StartSpec, body: Callable[[Any], Any], *, order: np.ndarray, sta
 
 
 def start_pipeline(spec: StartSpec, pipeline: Any, *, order: np.ndarray, seed: int, epoch: int, threads: bool,
-                   drop_last: bool = False, stacklevel: int = 1) -> _core.Loader:
+                   drop_last: bool = False, stream_starts: Sequence[int] = (), stacklevel: int = 1) -> _core.Loader:
     """A runtime Loader running a native ``_core.Pipeline`` over `order` in batches of
     ``spec.batch_capacity``: forked C++ workers, or the arena's threads with `threads`
-    (the core's make_pipeline_loader sets slot sizes, a stream's round robin and the skip ratio).
+    (the core's make_pipeline_loader sets slot sizes, a stream's round robin over its logical
+    workers, and the skip ratio). A stream's `stream_starts`: each logical worker's
+    ``Batch.stream_position`` of its last batch delivered (empty: from the start).
     The same policy and warning as :func:`start`."""
     options = spec.options()
+    starts = [int(p) for p in stream_starts]
     if threads:
         with held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
-                                            seed=seed, epoch=epoch)
+                                            seed=seed, epoch=epoch, stream_starts=starts)
     else:
         with forking(), held_back(spec.processes_asked, options.budget_policy):
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=False,
-                                            seed=seed, epoch=epoch)
+                                            seed=seed, epoch=epoch, stream_starts=starts)
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)
     return runtime

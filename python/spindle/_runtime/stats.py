@@ -31,15 +31,22 @@ class StatsBook:
             if self._current is runtime:
                 return
             if self._current is not None:
-                self._past.merge(self._current.stats())
+                self._fold(self._current)
             self._current = runtime
 
     def retire(self, runtime: _core.Loader) -> None:
         """``runtime`` ended (its epoch is over): keep its counts, drop the reference."""
         with self._lock:
             if self._current is runtime:
-                self._past.merge(runtime.stats())
+                self._fold(runtime)
                 self._current = None
+
+    def _fold(self, runtime: _core.Loader) -> None:
+        """Adds an ended runtime's counts to the past; its processes and last change are the latest
+        (``LoaderStats.merge`` keeps the receiver's: the newer one receives)."""
+        newer = runtime.stats()
+        newer.merge(self._past)
+        self._past = newer
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

@@ -193,6 +193,11 @@ class Batch {
   // Samples of this batch the worker could not read and replaced
   // (on_error="skip" in a native pipeline; SlotHeader::skipped).
   uint32_t skipped() const noexcept { return skipped_; }
+  // Round-robin streams: the logical worker whose stream this batch is from
+  // (-1: planned batches), and where that stream stands after it
+  // (WorkerContext::set_stream_position; 0 if the body does not say).
+  int stream() const noexcept { return stream_; }
+  uint64_t stream_position() const noexcept { return stream_position_; }
   // Field i as `count()` rows of T (kArrays). Throws std::invalid_argument if
   // T's size is not the field's item size.
   template <class T>
@@ -222,6 +227,8 @@ class Batch {
   uint32_t slot_ = 0;
   int64_t batch_id_ = -1;
   uint32_t skipped_ = 0;
+  int stream_ = -1;
+  uint64_t stream_position_ = 0;
   std::span<const int64_t> indices_;
   std::span<std::byte> data_;
   SlotContents contents_;

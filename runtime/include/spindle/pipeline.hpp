@@ -143,12 +143,20 @@ Skips fill_batch(const Pipeline& pipe, std::span<const int64_t> indices, uint64_
 WorkerMain pipeline_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
 
 // The worker body for a streaming (WebDataset) pipeline, for a round-robin
-// Loader: worker w fills each claimed item with up to batch_capacity samples
-// of its shards, in order, and answers "exhausted" when they end. Random
-// draws come from (seed, epoch, shard << 32 | position in the shard), so a
-// sample gets the same augmentation whichever worker or mode reads it; the
-// batch order depends on the worker count, as with any sharded stream.
-WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch);
+// Loader with logical workers: logical worker l (WorkItem::stream) reads
+// shards l, l + N, ... of N logical workers (WebDataset::shards_of_worker), in
+// order, filling each claimed item with up to batch_capacity samples, and
+// answers "exhausted" when they end; a process serves the logical workers the
+// loader gives it, each from its own reader. Random draws come from (seed,
+// epoch, shard << 32 | position in the shard), so a sample gets the same
+// augmentation whichever process or mode reads it. Each batch carries where
+// its stream stands after it (Batch::stream_position, opaque; 0 is the
+// start); `starts` (one per logical worker, or empty) starts the streams
+// there: the shard it names is read up to that sample again (nothing of it
+// decoded), so a stream restarted on other processes goes on with the same
+// samples. The batch order is defined by N, as with any sharded stream.
+WorkerMain pipeline_stream_worker(std::shared_ptr<const Pipeline> pipe, uint64_t seed, uint64_t epoch,
+                                  std::vector<uint64_t> starts = {});
 
 // Where a pipeline's workers run: forked processes, or the arena's threads in
 // this process (the same bytes either way).
@@ -158,16 +166,21 @@ enum class PipelineMode { kProcesses, kThreads };
 // a stream, which reads its shards), cut into batches of the loader's
 // batch_capacity, and what its random draws come from.
 struct PipelineEpoch {
-  std::vector<int64_t> order;
+  std::vector<int64_t> order{};
   uint64_t seed = 0;
   uint64_t epoch = 0;
   bool drop_last = false;
+  // A stream: where each logical worker's stream starts (the stream_position
+  // of its last batch delivered; empty: every one from its first shard).
+  std::vector<uint64_t> stream_starts{};
 };
 
 // A Loader running `pipe` over one epoch, with `options` as the caller set
-// them (workers, batch_capacity as the batch size, prefetch, timeout, budget)
-// and the three fields the pipeline decides: round_robin (a stream: batch k
-// from worker k mod N until every worker's shards end), slot_bytes (every
+// them (workers, batch_capacity as the batch size, prefetch, timeout, budget,
+// a stream's first_worker, processes and adaptive) and the fields the
+// pipeline decides: round_robin and logical_workers (a stream: batch k from
+// logical worker k mod N until every one's shards end, N = num_workers
+// whatever processes run them), slot_bytes (every
 // batch has the layout's size: reserved up front) and max_skip_ratio
 // (PipelineOptions::max_skip_ratio when on_error is kSkip, so next() throws
 // SkipRatioError past it; else no check). `hooks` run around each fork

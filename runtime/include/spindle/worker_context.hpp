@@ -100,6 +100,11 @@ class WorkerContext {
   void commit(const WorkItem& item) noexcept;
   // The same, for a batch of only `count` samples (a stream's short last batch).
   void commit(const WorkItem& item, uint32_t count) noexcept;
+  // Round-robin mode: where the item's stream stands after this batch, in
+  // the body's own terms (0 is its start); call before commit. The consumer
+  // gets it with the batch (Batch::stream_position) to start the stream
+  // again there on other processes (an adaptive stream's advice).
+  void set_stream_position(const WorkItem& item, uint64_t position) noexcept;
   // Round-robin mode: this worker's stream has ended; it gets no more items.
   void exhausted(const WorkItem& item) noexcept;
   // Publishes the item as failed; `report` (truncated to report_capacity(),

@@ -100,8 +100,14 @@ struct alignas(kCacheLine) SlotHeader {
   // LoaderOptions::logical_workers), -1 when batches go to whoever is free.
   // The worker that claims it runs that logical worker's stream.
   int32_t stream = -1;
+  // Round-robin streams: where the item's stream stands after this batch, in
+  // its worker body's own terms (WorkerContext::set_stream_position; a native
+  // WebDataset stream: its shard and sample). Written by the worker before
+  // kReady, read with the batch (Batch::stream_position), reset by the
+  // consumer before posting. A front end starts the stream again there.
+  uint64_t stream_position = 0;
 };
-static_assert(sizeof(SlotHeader) == kCacheLine, "one slot header per cache line");
+static_assert(sizeof(SlotHeader) % kCacheLine == 0, "slot headers on their own cache lines");
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "slot states are shared across processes");
 
 // SlotHeader::flags: the worker's data stream ended; the slot holds no batch
