@@ -31,13 +31,16 @@ Workloads:
   shuffled; the same folder.
 * ``http-latency``: I/O-bound; spindle.DataLoader whose ``__getitem__`` GETs
   its sample (64x64x3 uint8) from a local HTTP server (127.0.0.1, another
-  process, keep-alive) that sleeps 20 ms per request, batch 16. Not the
-  issue's WebDataset shards over HTTP: a WebDataset pipeline is a stream whose
-  batches depend on its worker count, and ``num_workers="auto"`` refuses
-  streams (the batches would change with the processes); a map-style dataset
-  fetching each sample over HTTP is the I/O-latency case auto does accept.
-  Batch 16, not 64: one worker takes ~1.3 s for 64 samples at 20 ms each, so
-  an epoch of a few seconds would be a handful of batches.
+  process, keep-alive) that sleeps 20 ms per request, batch 16 (one worker
+  takes ~1.3 s for 64 samples at 20 ms each: an epoch of a few seconds would
+  be a handful of batches).
+* ``wds-http``: the issue's WebDataset shards over local HTTP: a PipelineLoader
+  (mode="processes") over ``--wds`` samples in shards of WDS_PER_SHARD small
+  JPEGs (64x64, q90, with .cls) that the same server sends after sleeping
+  20 ms per request, ``.decode().center_crop(56).random_flip().batch(16)``: a stream, so
+  "auto" keeps ``spindle.auto_workers()`` logical workers (its batches are
+  those of that fixed count) and starts them again on the processes the
+  controller advises, each from the shard and sample its last batch left it at.
 * ``grain-http``: the same HTTP samples through spindle.grain.DataLoader
   (records in order, grain's Batch(16)): streams, one per worker, so "auto"
   keeps ``spindle.grain.auto_workers()`` logical workers (their elements
@@ -60,6 +63,7 @@ import gc
 import http.client
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -82,16 +86,17 @@ BATCH = 64
 IO_BATCH = 16
 IO_SHAPE = (64, 64, 3)
 LATENCY_S = 0.020
-FULL = dict(rounds=3, arrays=196608, images=400, folder=4608, http=3072)
-QUICK = dict(rounds=1, arrays=2048, images=64, folder=256, http=128)
+FULL = dict(rounds=3, arrays=196608, images=400, folder=4608, http=3072, wds=12288)
+QUICK = dict(rounds=1, arrays=2048, images=64, folder=256, http=128, wds=512)
+WDS_PER_SHARD = 8
 RESIZED = re.compile(r"(\d+) -> (\d+) worker processes")
 
 
 # --- the HTTP server (its own process: its threads are not the loader's) -----------------------
 
-def serve(latency_s: float) -> None:
-    """Serves /sample/<i>: 64x64x3 uint8 bytes filled with i % 251, after sleeping `latency_s`.
-    Prints its port on stdout, then serves until stdin closes."""
+def serve(latency_s: float, shards: Path) -> None:
+    """Serves /sample/<i>: 64x64x3 uint8 bytes filled with i % 251, and /shard/<name>: that file of
+    `shards`, each after sleeping `latency_s`. Prints its port on stdout, then serves until stdin closes."""
     import http.server
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -102,9 +107,13 @@ def serve(latency_s: float) -> None:
             pass
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            i = int(self.path.rsplit("/", 1)[1])
+            kind, name = self.path.split("/")[1:3]
             time.sleep(latency_s)
-            body = bytes([i % 251]) * int(np.prod(IO_SHAPE))
+            if kind == "shard":
+                body = (shards / name).read_bytes()
+            else:
+                i = int(name)
+                body = bytes([i % 251]) * int(np.prod(IO_SHAPE))
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -225,6 +234,60 @@ def linked_folder(base: Path, root: Path, files: int) -> Path:
     return root
 
 
+def make_shards(root: Path, samples: int) -> Path:
+    """`samples` small JPEGs (64x64, q90, smooth patterns plus noise) with .cls labels, in WebDataset
+    shards of WDS_PER_SHARD, written once (a marker says the folder is complete)."""
+    import io as bytes_io
+    import tarfile
+
+    from PIL import Image
+
+    marker = root / f".complete-{samples}"
+    if marker.exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:64, 0:64].astype(np.float32)
+    for s in range(-(-samples // WDS_PER_SHARD)):
+        with tarfile.open(root / f"shard-{s:05d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(s * WDS_PER_SHARD, min(samples, (s + 1) * WDS_PER_SHARD)):
+                base = np.stack([np.sin(x / rng.uniform(3, 20)), np.cos(y / rng.uniform(3, 20)),
+                                 np.sin((x + y) / rng.uniform(3, 20))], -1)
+                img = ((base + 1) * 100 + rng.normal(0, 12, (64, 64, 3))).clip(0, 255).astype(np.uint8)
+                jpeg = bytes_io.BytesIO()
+                Image.fromarray(img).save(jpeg, format="JPEG", quality=90)
+                for name, data in ((f"{k:07d}.jpg", jpeg.getvalue()), (f"{k:07d}.cls", str(k % 10).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, bytes_io.BytesIO(data))
+    marker.touch()
+    return root
+
+
+class WdsLoader:
+    """spindle.PipelineLoader(mode="processes") over the shards, each a GET to the server: a stream
+    (len() is its batches: every logical worker's shards hold whole batches). stats() for run_epoch."""
+
+    def __init__(self, port: int, shards: Path, samples: int, workers: Any) -> None:
+        import spindle
+        from spindle import pipeline as sp
+
+        names = sorted(p.name for p in shards.glob("shard-*.tar"))
+        urls = [f"http://127.0.0.1:{port}/shard/{n}" for n in names]
+        self.batches = samples // IO_BATCH
+        pipe = sp.webdataset(urls).decode().center_crop(56).random_flip().batch(IO_BATCH)
+        self.loader = spindle.PipelineLoader(pipe, num_workers=workers, mode="processes", seed=0)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def stats(self) -> dict[str, Any]:
+        return self.loader.stats()
+
+
 # --- measuring one epoch -------------------------------------------------------------------
 
 class ResizeLog(logging.Handler):
@@ -304,7 +367,7 @@ def run_epoch(loader: Any, samples: int, log: ResizeLog, exclude: set[int]) -> d
 
 # --- the workloads -----------------------------------------------------------------------
 
-def workloads(args: argparse.Namespace, folder: Path, port: int) -> dict[str, dict[str, Any]]:
+def workloads(args: argparse.Namespace, folder: Path, shards: Path, port: int) -> dict[str, dict[str, Any]]:
     import spindle
     from spindle import pipeline as sp
     from spindle.bench.workloads import PilJpegFolder
@@ -336,6 +399,12 @@ def workloads(args: argparse.Namespace, folder: Path, port: int) -> dict[str, di
         "grain-http": dict(samples=len(io), make=lambda w: GrainLoader(io, w),
                            description=f"spindle.grain.DataLoader over the same {len(io):,} HTTP samples in order, "
                                        f"grain's Batch({IO_BATCH}): streams, auto_workers() logical workers"),
+        "wds-http": dict(samples=args.wds, make=lambda w: WdsLoader(port, shards, args.wds, w),
+                         description=f"spindle.PipelineLoader(mode='processes') over {args.wds:,} 64x64 JPEGs in "
+                                     f"WebDataset shards of {WDS_PER_SHARD}, each shard a GET to the local HTTP "
+                                     f"server (sleeps {LATENCY_S * 1e3:.0f} ms per request), "
+                                     f".decode().center_crop(56).random_flip(), batch {IO_BATCH}: streams, "
+                                     "auto_workers() logical workers"),
     }
 
 
@@ -485,7 +554,8 @@ def main() -> int:
     parser.add_argument("--images", type=int, help="distinct JPEGs generated (default 400)")
     parser.add_argument("--folder", type=int, help="files of the image folder read, hard links (default 4608)")
     parser.add_argument("--http", type=int, help="samples of the http-latency and grain-http workloads (default 3072)")
-    parser.add_argument("--workloads", default="arrays,jpeg-pil,jpeg-native,http-latency,grain-http")
+    parser.add_argument("--wds", type=int, help="samples of the wds-http workload (default 12288)")
+    parser.add_argument("--workloads", default="arrays,jpeg-pil,jpeg-native,http-latency,wds-http,grain-http")
     parser.add_argument("--settings", default=",".join(map(str, SETTINGS)))
     parser.add_argument("--no-pair", action="store_true", help="skip the two-consumer scenario")
     parser.add_argument("--pair-seconds", type=float, default=30.0)
@@ -496,6 +566,7 @@ def main() -> int:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--consumer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--image-root", help=argparse.SUPPRESS)
+    parser.add_argument("--shards", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=30.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.table:
@@ -504,7 +575,7 @@ def main() -> int:
         print(markdown(json.loads((RESULTS_DIR / f"{Path(args.out).stem}.json").read_text())))
         return 0
     if args.serve:
-        serve(LATENCY_S)
+        serve(LATENCY_S, Path(args.shards))
         return 0
     if args.consumer:
         consumer(args)
@@ -531,14 +602,20 @@ def main() -> int:
     root = Path(args.root)
     base = make_image_folder(root / f"base-{args.images}", args.images)
     folder = linked_folder(base, root / f"linked-{args.images}-{files}", files)
+    # Every (logical) worker's shards hold whole batches, for each count run: len() is then samples / batch.
+    counts = [spindle.auto_workers()] + [s for s in settings if s != "auto"]
+    unit = WDS_PER_SHARD * (IO_BATCH // math.gcd(IO_BATCH, WDS_PER_SHARD)) * math.lcm(*counts)
+    if "wds-http" in names and args.wds % unit:
+        parser.error(f"--wds must be a multiple of {unit}: every worker's shards then hold whole batches")
+    shards = make_shards(root / f"wds-{args.wds}", args.wds)
 
-    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--shards", str(shards)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     port = int(server.stdout.readline())
     log = ResizeLog()
     logging.getLogger("spindle").addHandler(log)
     logging.getLogger("spindle").setLevel(logging.INFO)
-    works = {n: w for n, w in workloads(args, folder, port).items() if n in names}
+    works = {n: w for n, w in workloads(args, folder, shards, port).items() if n in names}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {n: {str(s): [] for s in settings} for n in works}
     try:
         with ForeignCpu() as foreign:
@@ -579,10 +656,6 @@ def main() -> int:
         "machine": machine_info(), "command": command, "settings": [str(s) for s in settings],
         "rounds": args.rounds,
         "workloads": {n: w["description"] for n, w in works.items()},
-        "why_not_webdataset": "a WebDataset pipeline is a stream: its batches depend on its worker count, and "
-                              "num_workers='auto' refuses streams; the I/O-latency case is a map-style dataset "
-                              "whose __getitem__ fetches each sample over HTTP from a local server that sleeps "
-                              f"{LATENCY_S * 1e3:.0f} ms per request",
         "runs": runs, "summary": summary, "pair": pair_result,
         "foreign_cpu": foreign.summary(),
         "load_average": {"start": load_at_start, "end": load_at_end},
