@@ -339,7 +339,8 @@ class PipelineLoader(HasStats):
     ``state_dict()`` / ``load_state_dict()`` checkpoint the position (small, JSON-able); a
     resumed image-folder or array loader yields exactly the batches the saved one would have
     yielded next, with any num_workers and either mode (a WebDataset stream: the same
-    num_workers, whose batches it reads again and drops up to the saved position).
+    num_workers; the state holds each logical worker's shard and sample, where its stream starts
+    again: the shards it finished are not read again).
 
     Batches are numpy arrays viewing shared memory (zero-copy; ``torch.from_dlpack`` and
     ``jax.dlpack`` take them without copying) and stay valid as long as you keep them.
@@ -388,8 +389,10 @@ class PipelineLoader(HasStats):
         self.byte_fields = byte_fields
         self._native = _core.Pipeline(pipeline.options())  # validates; opens nothing per sample yet
         # A stream's batches are defined by its logical workers: under "auto" the core's choice, once.
-        self._streams = (_core.auto_workers() if auto else self.num_workers) if self._native.streaming else 0
+        self._streams_count = (_core.auto_workers() if auto else self.num_workers) if self._native.streaming else 0
         self._names = list(self._native.field_names)
+        self._streams: Optional[_Streams] = None  # a stream's epoch now: where its logical workers stand
+        self._resume_streams: Optional[dict[str, Any]] = None  # a loaded state's, for the next epoch
         # The epochs' orders, their entropy, the length per rank and the checkpointed position.
         self._plan = EpochPlan(self._native, pipeline.batch_size, shuffle=self.shuffle, seed=seed, shard=self.shard,
                                shard_drop_last=self.shard_drop_last, drop_last=pipeline.drop_last)
@@ -411,7 +414,13 @@ class PipelineLoader(HasStats):
         """Where this loader stands: the epoch and the batches of it handed out (JSON-able, versioned)."""
         # The checkpoint's format name is the one states were saved under (before the class was
         # renamed PipelineLoader): saved states keep loading.
-        return self._plan.state(_FORMAT, {**self._plan.shard_field(), **self._state_settings()})
+        state = self._plan.state(_FORMAT, {**self._plan.shard_field(), **self._state_settings()})
+        streams = self._streams
+        if streams is not None and state["batches"] and streams.epoch == state["epoch"]:
+            # Where each logical worker's stream stands after the batches handed out: a resume starts
+            # the streams there instead of reading those batches again.
+            state["streams"] = streams.state()
+        return state
 
     def load_state_dict(self, state: Any) -> None:
         """Makes the next ``iter()`` yield what the loader that saved `state` would have yielded next.
@@ -420,6 +429,8 @@ class PipelineLoader(HasStats):
         docs/distributed.md): one rank's state when the ranks advanced in lock step, else the list
         of every old rank's state. A WebDataset stream resumes mid-epoch at its own world size only."""
         self._plan.load(state, _FORMAT, self._state_settings, stream=self._native.streaming)
+        # A stream's positions, where the state has them (one rank's state, mid-epoch).
+        self._resume_streams = state.get("streams") if isinstance(state, dict) else None
 
     def _state_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = dict(
@@ -427,7 +438,7 @@ class PipelineLoader(HasStats):
             samples=len(self._native), batch_size=self.pipeline.batch_size, drop_last=self.pipeline.drop_last,
             shuffle=self.shuffle, shard_drop_last=self.shard_drop_last)
         if self._native.streaming:  # a stream's batch order depends on its (logical) worker count
-            settings["num_workers"] = self._streams
+            settings["num_workers"] = self._streams_count
         return settings
 
     def _epoch_iterator(self, epoch: int, skip: int, resplits: tuple) -> Iterator[dict[str, np.ndarray]]:
@@ -439,7 +450,8 @@ class PipelineLoader(HasStats):
         auto = self.num_workers == "auto"
         stream = self._native.streaming
         processes = self.mode == "processes" and not stream  # a lost one is replaced
-        spec = StartSpec(num_workers=self._streams if stream else 0 if auto else self.num_workers, adaptive=auto,
+        spec = StartSpec(num_workers=self._streams_count if stream else 0 if auto else self.num_workers,
+                         adaptive=auto,
                          round_robin=stream, logical_workers=stream,
                          batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,
@@ -455,14 +467,17 @@ class PipelineLoader(HasStats):
             return EpochIterator(runtime, decode if note is None else _noting(note, decode), owns=True,
                                  reraise=_native_error, stats=self._stats_book())
 
-        it = _SkipWarnings(_StreamRestarts(spec, epoch_iterator) if auto and stream else epoch_iterator(spec))
-        if stream:
-            # A stream cannot seek: its first `skip` batches are read again and dropped (batch k
-            # comes from logical worker k mod N, so with the same N they are the same batches).
+        if not stream:
+            return _SkipWarnings(epoch_iterator(spec))
+        resume, self._resume_streams = (self._resume_streams if skip else None), None
+        self._streams = streams = _Streams(spec, epoch_iterator, epoch, self._streams_count, resume, adaptive=auto)
+        if resume is None:
+            # A state without positions (saved by an older spindle): the first `skip` batches are read
+            # again and dropped (batch k comes from logical worker k mod N: the same N, the same batches).
             for _ in range(skip):
-                if next(it, None) is None:
+                if next(streams, None) is None:
                     break
-        return it
+        return _SkipWarnings(streams)
 
 
 def _noting(note: Callable[[Any], None], decode: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -472,25 +487,45 @@ def _noting(note: Callable[[Any], None], decode: Callable[[Any], Any]) -> Callab
     return noted
 
 
-class _StreamRestarts:
-    """A WebDataset stream's epoch under ``num_workers="auto"``: its N logical workers run on the
-    processes the core's controller advises (``Loader.advised_processes``). On advice the processes
-    stop (what they had in flight is read again) and new ones start each logical worker's stream where
-    its last batch delivered left it (``Batch.stream_position``), the turn going on from the logical
-    worker after the last batch's: the batches are those of a fixed run with N workers."""
+class _Streams:
+    """A WebDataset stream's epoch: batches from its N logical workers in turn, noting where each
+    one's stream stands after its last batch handed out (``Batch.stream_position``) and whose turn
+    is next. A checkpoint keeps them (:meth:`state`), and a resume starts there.
 
-    def __init__(self, spec: StartSpec, start: Callable[..., EpochIterator]) -> None:
+    ``adaptive`` (``num_workers="auto"``): the logical workers run on the processes the core's
+    controller advises (``Loader.advised_processes``). On advice the processes stop (what they had
+    in flight is read again) and new ones start each stream where it stands: the batches are those
+    of a fixed run with N workers."""
+
+    def __init__(self, spec: StartSpec, start: Callable[..., EpochIterator], epoch: int, count: int,
+                 resume: Optional[dict[str, Any]], *, adaptive: bool) -> None:
         self._spec = spec
         self._start = start
-        self._positions = [0] * spec.num_workers  # 0: the stream's start
+        self._adaptive = adaptive
+        self.epoch = epoch
+        self._positions = [0] * count  # 0: the stream's start
         self._next = 0  # the logical worker whose batch comes next
-        self._it = start(spec, note=self._note)
+        if resume is not None:
+            positions, self._next = list(resume["positions"]), int(resume["next"])
+            if len(positions) != count or not 0 <= self._next < count:
+                raise ValueError(f"spindle: the state's stream positions are for {len(positions)} workers "
+                                 f"(next {self._next}), this loader runs {count}")
+            self._positions = [int(p) for p in positions]
+        self._it = self._begin(spec)
+
+    def state(self) -> dict[str, Any]:
+        return {"positions": list(self._positions), "next": self._next}
+
+    def _begin(self, spec: StartSpec) -> EpochIterator:
+        fresh = self._next == 0 and not any(self._positions)
+        spec = dataclasses.replace(spec, first_worker=self._next)
+        return self._start(spec, () if fresh else self._positions, note=self._note)
 
     def _note(self, lease: Any) -> None:
         self._positions[lease.stream] = lease.stream_position
         self._next = (lease.stream + 1) % len(self._positions)
 
-    def __iter__(self) -> "_StreamRestarts":
+    def __iter__(self) -> "_Streams":
         return self
 
     @property
@@ -507,15 +542,14 @@ class _StreamRestarts:
                 break
             except ProcessesAdvised:
                 self._restart()  # advised while no batch was ready: now, not after the one in flight
-        if self._it.advised_processes:
+        if self._adaptive and self._it.advised_processes:
             self._restart()
         return batch
 
     def _restart(self) -> None:
         processes = self._it.advised_processes
         self._it.close(grace=0.0)  # their batches in flight are made again by the new processes
-        spec = dataclasses.replace(self._spec, processes=processes, first_worker=self._next)
-        self._it = self._start(spec, self._positions, note=self._note)
+        self._it = self._begin(dataclasses.replace(self._spec, processes=processes))
 
 
 def _jsonable(value: Any) -> Any:

@@ -109,6 +109,37 @@ def test_braces_and_lists_expand_as_webdataset_does(shards, server):
     assert total - NUM_SHARDS * tarfile.RECORDSIZE <= loader.stats()["bytes_fetched"] <= total
 
 
+@pytest.mark.parametrize("mode", ["processes", "threads"])
+def test_a_checkpoint_resumes_each_stream_where_it_stood_without_fetching_its_shards_again(shards, server, mode):
+    """Proves: a stream's state mid-epoch holds where each logical worker stands (shard and sample); a
+    resume starts there: the rest equals the uninterrupted run's, the shards finished before the
+    checkpoint are not fetched again, and a state without positions (an older spindle's) still resumes
+    by reading its batches again."""
+    urls = [server.url(n) for n in names(shards)]
+    pipe = sp.webdataset(urls).decode().center_crop(32).random_flip().batch(4)
+    whole = batches(pipe, num_workers=2, mode=mode)
+    assert len(whole) == 6  # worker 0: shards 0 and 2, worker 1: shards 1 and 3; 6 samples a shard
+    first = spindle.PipelineLoader(pipe, num_workers=2, seed=5, mode=mode)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    assert state["streams"]["next"] == 0 and len(state["streams"]["positions"]) == 2
+    hits = dict(server.hits)
+    resumed = spindle.PipelineLoader(pipe, num_workers=2, seed=5, mode=mode)
+    resumed.load_state_dict(state)
+    rest = [(b["image"].copy(), b["label"].copy()) for b in resumed]
+    assert [(i.tobytes(), l.tolist()) for i, l in rest] == [(i.tobytes(), l.tolist()) for i, l in whole[4:]]
+    fetched = {path: n - hits.get(path, 0) for path, n in server.hits.items() if n != hits.get(path, 0)}
+    assert sorted(fetched) == ["/" + n for n in names(shards)[2:]], fetched  # shards 2 and 3 only
+    older = {k: v for k, v in state.items() if k != "streams"}
+    again = spindle.PipelineLoader(pipe, num_workers=2, seed=5, mode=mode)
+    again.load_state_dict(older)
+    assert [(b["image"].tobytes(), b["label"].tolist()) for b in again] == [(i.tobytes(), l.tolist())
+                                                                           for i, l in whole[4:]]
+
+
 def test_pipe_cat_reads_a_commands_stdout(shards):
     """Proves: pipe:cat shards give the same samples as the files; a failing command names its status."""
     assert samples_of([f"pipe:cat {p}" for p in shards]) == samples_of(shards)
