@@ -487,7 +487,23 @@ def _noting(note: Callable[[Any], None], decode: Callable[[Any], Any]) -> Callab
     return noted
 
 
-class _Streams:
+class _Wrapper:
+    """An epoch's iterator around another (an EpochIterator, or a wrapper of one): its workers, its close."""
+
+    _it: Any
+
+    def __iter__(self) -> "_Wrapper":
+        return self
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._it.worker_pids
+
+    def close(self) -> None:
+        self._it.close()
+
+
+class _Streams(_Wrapper):
     """A WebDataset stream's epoch: batches from its N logical workers in turn, noting where each
     one's stream stands after its last batch handed out (``Batch.stream_position``) and whose turn
     is next. A checkpoint keeps them (:meth:`state`), and a resume starts there.
@@ -524,16 +540,6 @@ class _Streams:
     def _note(self, lease: Any) -> None:
         self._positions[lease.stream] = lease.stream_position
         self._next = (lease.stream + 1) % len(self._positions)
-
-    def __iter__(self) -> "_Streams":
-        return self
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return self._it.worker_pids
-
-    def close(self) -> None:
-        self._it.close()
 
     def __next__(self) -> Any:
         while True:
@@ -584,21 +590,11 @@ def _decode_fields(lease: Any, names: list[str], as_arrays: bool) -> dict[str, A
     return batch
 
 
-class _SkipWarnings:
+class _SkipWarnings(_Wrapper):
     """Warns for each batch in which on_error='skip' replaced samples (the runtime enforces the ratio)."""
 
-    def __init__(self, it: EpochIterator) -> None:
+    def __init__(self, it: Any) -> None:
         self._it = it
-
-    def __iter__(self) -> "_SkipWarnings":
-        return self
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return self._it.worker_pids
-
-    def close(self) -> None:
-        self._it.close()
 
     def __next__(self) -> dict[str, np.ndarray]:
         batch = self._it.__next__()  # raises SkipRatioError itself (LoaderOptions::max_skip_ratio)
