@@ -460,15 +460,16 @@ class PipelineLoader(HasStats):
         decode = functools.partial(_decode_fields, names=self._names, as_arrays=self.byte_fields == "arrays")
 
         def epoch_iterator(spec: StartSpec, stream_starts: Sequence[int] = (),
-                           note: Optional[Callable[[Any], None]] = None) -> EpochIterator:
+                           note: Optional[Callable[[Any], None]] = None, stacklevel: int = 1) -> EpochIterator:
+            # `stacklevel`: the frame a budget warning names, 1 being this function's caller.
             runtime = start_pipeline(spec, self._native, order=order, seed=self._plan.entropy, epoch=epoch,
                                      threads=self.mode == "threads", drop_last=self.pipeline.drop_last,
-                                     stream_starts=stream_starts, stacklevel=4)
+                                     stream_starts=stream_starts, stacklevel=stacklevel + 1)
             return EpochIterator(runtime, decode if note is None else _noting(note, decode), owns=True,
                                  reraise=_native_error, stats=self._stats_book())
 
         if not stream:
-            return _SkipWarnings(epoch_iterator(spec))
+            return _SkipWarnings(epoch_iterator(spec, stacklevel=3))  # _epoch_iterator, __iter__, the user's
         resume, self._resume_streams = (self._resume_streams if skip else None), None
         self._streams = streams = _Streams(spec, epoch_iterator, epoch, self._streams_count, resume, adaptive=auto)
         if resume is None:
@@ -527,15 +528,15 @@ class _Streams(_Wrapper):
                 raise ValueError(f"spindle: the state's stream positions are for {len(positions)} workers "
                                  f"(next {self._next}), this loader runs {count}")
             self._positions = [int(p) for p in positions]
-        self._it = self._begin(spec)
+        self._it = self._begin(spec, stacklevel=4)  # __init__, _epoch_iterator, __iter__, the user's
 
     def state(self) -> dict[str, Any]:
         return {"positions": list(self._positions), "next": self._next}
 
-    def _begin(self, spec: StartSpec) -> EpochIterator:
+    def _begin(self, spec: StartSpec, stacklevel: int) -> EpochIterator:
         fresh = self._next == 0 and not any(self._positions)
         spec = dataclasses.replace(spec, first_worker=self._next)
-        return self._start(spec, () if fresh else self._positions, note=self._note)
+        return self._start(spec, () if fresh else self._positions, note=self._note, stacklevel=stacklevel + 1)
 
     def _note(self, lease: Any) -> None:
         self._positions[lease.stream] = lease.stream_position
@@ -555,7 +556,8 @@ class _Streams(_Wrapper):
     def _restart(self) -> None:
         processes = self._it.advised_processes
         self._it.close(grace=0.0)  # their batches in flight are made again by the new processes
-        self._it = self._begin(dataclasses.replace(self._spec, processes=processes))
+        # _restart, __next__, _SkipWarnings' and Progress' __next__, the user's
+        self._it = self._begin(dataclasses.replace(self._spec, processes=processes), stacklevel=5)
 
 
 def _jsonable(value: Any) -> Any:
