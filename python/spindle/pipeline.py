@@ -471,7 +471,7 @@ class PipelineLoader(HasStats):
         if not stream:
             return _SkipWarnings(epoch_iterator(spec, stacklevel=3))  # _epoch_iterator, __iter__, the user's
         resume, self._resume_streams = (self._resume_streams if skip else None), None
-        self._streams = streams = _Streams(spec, epoch_iterator, epoch, self._streams_count, resume, adaptive=auto)
+        self._streams = streams = _Streams(spec, epoch_iterator, epoch, self._streams_count, resume)
         if resume is None:
             # A state without positions (saved by an older spindle): the first `skip` batches are read
             # again and dropped (batch k comes from logical worker k mod N: the same N, the same batches).
@@ -509,16 +509,15 @@ class _Streams(_Wrapper):
     one's stream stands after its last batch handed out (``Batch.stream_position``) and whose turn
     is next. A checkpoint keeps them (:meth:`state`), and a resume starts there.
 
-    ``adaptive`` (``num_workers="auto"``): the logical workers run on the processes the core's
-    controller advises (``Loader.advised_processes``). On advice the processes stop (what they had
+    Under ``num_workers="auto"`` the logical workers run on the processes the core's controller
+    advises (``Loader.advised_processes``; 0, and no ``ProcessesAdvised``, for a fixed count). On advice the processes stop (what they had
     in flight is read again) and new ones start each stream where it stands: the batches are those
     of a fixed run with N workers."""
 
     def __init__(self, spec: StartSpec, start: Callable[..., EpochIterator], epoch: int, count: int,
-                 resume: Optional[dict[str, Any]], *, adaptive: bool) -> None:
+                 resume: Optional[dict[str, Any]]) -> None:
         self._spec = spec
         self._start = start
-        self._adaptive = adaptive
         self.epoch = epoch
         self._positions = [0] * count  # 0: the stream's start
         self._next = 0  # the logical worker whose batch comes next
@@ -534,9 +533,8 @@ class _Streams(_Wrapper):
         return {"positions": list(self._positions), "next": self._next}
 
     def _begin(self, spec: StartSpec, stacklevel: int) -> EpochIterator:
-        fresh = self._next == 0 and not any(self._positions)
         spec = dataclasses.replace(spec, first_worker=self._next)
-        return self._start(spec, () if fresh else self._positions, note=self._note, stacklevel=stacklevel + 1)
+        return self._start(spec, self._positions, note=self._note, stacklevel=stacklevel + 1)
 
     def _note(self, lease: Any) -> None:
         self._positions[lease.stream] = lease.stream_position
@@ -549,7 +547,7 @@ class _Streams(_Wrapper):
                 break
             except ProcessesAdvised:
                 self._restart()  # advised while no batch was ready: now, not after the one in flight
-        if self._adaptive and self._it.advised_processes:
+        if self._it.advised_processes:
             self._restart()
         return batch
 
