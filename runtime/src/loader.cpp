@@ -353,7 +353,6 @@ void Loader::start() {
   if (pool_) refresh_pids();
   last_check_ = std::chrono::steady_clock::now();
   post_more();
-  if (auto_) autoscale();  // the first window starts with the processes, not a supervision period later
 }
 
 bool Loader::more_to_post(bool fed_pending) const {
@@ -476,7 +475,12 @@ std::optional<Batch> Loader::next(const std::function<void()>& poll) {
       check_skips(/*final=*/true);
       return std::nullopt;
     }
-    if (auto_) wait_began_ = std::chrono::steady_clock::now();
+    if (auto_) {
+      // The first window starts as the consumer first asks: what it does before (building a model,
+      // compiling) is no wait of its.
+      if (auto_->since == std::chrono::steady_clock::time_point{}) autoscale();
+      wait_began_ = std::chrono::steady_clock::now();
+    }
     const auto got = [&] {
       struct Waited {  // next() waits no more, however wait_for_delivery ends
         Loader& l;

@@ -3,8 +3,14 @@
 // and the retirement protocol. Which process produces a batch never changes
 // the batch (any worker may take any item), so only the speed follows it.
 //
-// Each window (kWindow) measures what next() waited, the CPU the workers and
-// this process used, and how busy the workers were (claim to publish):
+// Each window (kWindow; the first starts at the consumer's first next()) measures
+// what next() waited, the CPU the workers and this process used, and how busy
+// the workers were (claim to publish). A process's CPU counts from its first
+// claim (WorkerRecord::started_ns): its start (the fork, imports, the dataset's
+// setup) is not what it will use, and a window where the processes are still
+// starting goes on until they have run. A window is judged once early
+// (kEarlyWindow) when next() waited nearly all of it on processes that wait on
+// I/O: each window costs the I/O's latency at too few processes.
 //   - next() waited more than kGrowWait of the window and a core is free (of
 //     this loader's cpus, and idle on the machine: other programs count), or
 //     the workers use little CPU each (kIoBound: they wait on I/O):
@@ -54,6 +60,7 @@
 
 #include <spindle/detail/worker_pool.hpp>
 #include <spindle/procfs.hpp>
+#include <spindle/worker_context.hpp>
 
 #include "loader_internal.hpp"
 
@@ -63,6 +70,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kWindow = std::chrono::milliseconds(100);
+constexpr auto kEarlyWindow = std::chrono::milliseconds(40);  // judged here already when sure (kSureWait)
+constexpr double kSureWait = 0.9;    // next() waited more than this share on processes that wait on I/O
+constexpr double kLeastSeen = 0.25;  // the started processes ran less than this many windows together: go on
 constexpr auto kBudgetPeriod = std::chrono::seconds(1);
 constexpr double kGrowWait = 0.05;   // next() waited more than this share of the window
 constexpr double kFreeCore = 0.5;    // cores left idle that count as a free core
@@ -125,21 +135,29 @@ void Loader::autoscale() {
   AutoScale& a = *auto_;
   const auto now = Clock::now();
   const BatchRing& r = ring_->ring;
+  const uint32_t nw = r.geometry().num_workers;
   auto measure = [&] {
     a.since = now;
+    a.since_ns = monotonic_ns();
+    a.judged_early = false;
     a.waited_ns = 0;
     a.consumer_ticks = cpu_ticks(getpid());
     a.idle_ticks = idle_ticks();
-    a.worker_ticks = a.busy_ns = 0;
-    for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+    a.busy_ns = 0;
+    a.worker_ticks.assign(nw, 0);
+    for (uint32_t w = 0; w < nw; ++w) {
       if (live_[w] != 1) continue;
-      a.worker_ticks += cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
+      a.worker_ticks[w] = cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
       a.busy_ns += r.worker(w).busy_ns.load(std::memory_order_relaxed);
     }
   };
-  if (a.since == Clock::time_point{}) return measure();  // the first window starts
+  if (a.since == Clock::time_point{}) return measure();  // the first window starts (the first next())
   const auto window = now - a.since;
-  if (window < kWindow || closed() || advised_.load() != 0) return;  // advised: the front end restarts
+  if (closed() || advised_.load() != 0) return;  // advised: the front end restarts
+  // Judged at its end, or once at kEarlyWindow if the processes wait on I/O while next() waits on them.
+  const bool early = window < kWindow;
+  if (early && (window < kEarlyWindow || a.judged_early || !options_.adaptive)) return;
+  a.judged_early = a.judged_early || early;
 
   const int running = running_.load();
   const int64_t reserve = options_.reserve_tasks;
@@ -172,7 +190,7 @@ void Loader::autoscale() {
     for (const int64_t n : threads) free -= std::max<int64_t>(0, each - n);
     return free;
   };
-  if (now - a.budget_checked >= kBudgetPeriod && plan_.budget != kUnlimited) {
+  if (!early && now - a.budget_checked >= kBudgetPeriod && plan_.budget != kUnlimited) {
     a.budget_checked = now;
     const int64_t free = free_tasks();
     if (free < reserve && running > 1) {
@@ -197,29 +215,52 @@ void Loader::autoscale() {
     waited += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - std::max(wait_began_, a.since)).count());
   const double wait_share = static_cast<double>(waited) / 1e9 / seconds;
   const double tck = static_cast<double>(procfs::clock_ticks_per_second());
-  uint64_t worker_ticks = 0, busy_ns = 0;
-  for (uint32_t w = 0; w < r.geometry().num_workers; ++w) {
+  // What a started process uses: its CPU over the time it ran in the window. A process still
+  // starting is left out, and one that started in the window counts from its start: the forks,
+  // imports and the dataset's setup are not what it will use (they made 2 -> 10 -> 16 out of 2 -> 16).
+  const int64_t now_ns = monotonic_ns();
+  double cpu_s = 0, run_s = 0, start_s = 0;  // start_s: the CPU the starts took in the window
+  uint64_t busy_ns = 0;
+  for (uint32_t w = 0; w < nw; ++w) {
     if (live_[w] != 1) continue;
-    worker_ticks += cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
-    busy_ns += r.worker(w).busy_ns.load(std::memory_order_relaxed);
+    const detail::WorkerRecord& rec = r.worker(w);
+    busy_ns += rec.busy_ns.load(std::memory_order_relaxed);
+    const int64_t started = rec.started_ns.load(std::memory_order_acquire);
+    const double ticks = static_cast<double>(cpu_ticks(rec.pid.load(std::memory_order_relaxed)));
+    const double before = w < a.worker_ticks.size() ? static_cast<double>(a.worker_ticks[w]) : 0.0;
+    const double in_window = std::max(0.0, ticks - before) / tck;
+    if (started == 0) {  // still starting
+      start_s += in_window;
+    } else if (started <= a.since_ns && before != 0) {
+      cpu_s += in_window;
+      run_s += seconds;
+    } else {
+      const double since_start =
+          std::max(0.0, ticks / tck - static_cast<double>(rec.start_cpu_ns.load(std::memory_order_relaxed)) / 1e9);
+      cpu_s += since_start;
+      run_s += std::max(0.0, static_cast<double>(now_ns - started) / 1e9);  // from its start, as its CPU
+      start_s += std::max(0.0, in_window - since_start);
+    }
   }
-  // A process started or retired during the window makes these rough: the next window is clean.
-  const double worker_cores = static_cast<double>(worker_ticks > a.worker_ticks ? worker_ticks - a.worker_ticks : 0) / tck / seconds;
+  // Too little seen (the processes are still starting): the window goes on.
+  if (run_s < kLeastSeen * seconds) return;
+  const double per_process = cpu_s / run_s;
+  const double worker_cores = per_process * running;
   const uint64_t consumer_now = cpu_ticks(getpid());
   const double consumer_cores =
       static_cast<double>(consumer_now > a.consumer_ticks ? consumer_now - a.consumer_ticks : 0) / tck / seconds;
   // Free: what this loader's processes leave of its cpus, and no more than the machine had idle
-  // (other programs use cores too).
+  // (other programs use cores too) but for what the processes' starts took (they do not recur).
   double free_cores = a.cpus - worker_cores - consumer_cores;
   const uint64_t idle_now = idle_ticks();
   if (a.idle_ticks != 0 && idle_now >= a.idle_ticks)
-    free_cores = std::min(free_cores, static_cast<double>(idle_now - a.idle_ticks) / tck / seconds);
+    free_cores = std::min(free_cores, (static_cast<double>(idle_now - a.idle_ticks) / tck + start_s) / seconds);
   const double busy_share =
       static_cast<double>(busy_ns > a.busy_ns ? busy_ns - a.busy_ns : 0) / 1e9 / seconds / std::max(1, running);
 
   // Streams: one a logical worker, or those running when the budget granted fewer than advised.
   const int most = !advises() ? options_.num_workers : a.granted_less ? running : static_cast<int>(logical_);
-  const double per_process = worker_cores / std::max(1, running);
+  if (early && !(wait_share > kSureWait && per_process < kIoBound && running < most)) return;  // to its end
   if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
     a.idle_windows = 0;
     // All that fit at once where every change restarts the streams (advice), or where next() waited
@@ -301,6 +342,7 @@ void Loader::add_processes(int n, const std::string& why) {
     const BatchRing& r = ring_->ring;
     r.worker(static_cast<uint32_t>(w)).retire.store(0, std::memory_order_release);
     r.worker(static_cast<uint32_t>(w)).pid.store(0, std::memory_order_relaxed);
+    r.worker(static_cast<uint32_t>(w)).started_ns.store(0, std::memory_order_relaxed);
     try {
       if (w < static_cast<std::size_t>(pool_->size())) pool_->restart(static_cast<int>(w));
       else pool_->add(options_.num_workers);

@@ -263,6 +263,7 @@ void Loader::replace_lost(const WorkerExit& e, const std::string& died, std::opt
   rec.sample_index.store(-1, std::memory_order_relaxed);
   rec.busy_since_ns.store(0, std::memory_order_relaxed);
   rec.pid.store(0, std::memory_order_relaxed);  // "starting" until the new process writes its own
+  rec.started_ns.store(0, std::memory_order_relaxed);  // its start is not yet done
   restart(e.worker_id);
   std::lock_guard lock(pids_mu_);
   const std::string line = died + "; started again as pid " + std::to_string(pids_[w]) +

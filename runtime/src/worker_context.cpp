@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -165,6 +166,13 @@ void WorkerContext::add_bytes_fetched(uint64_t bytes) noexcept {
 std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring().queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring().worker(worker_id_);
+  if (rec.started_ns.load(std::memory_order_relaxed) == 0) {  // its first claim: its start is done
+    rusage use{};
+    getrusage(RUSAGE_SELF, &use);
+    auto ns = [](const timeval& t) { return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(t.tv_usec) * 1000; };
+    rec.start_cpu_ns.store(ns(use.ru_utime) + ns(use.ru_stime), std::memory_order_relaxed);
+    rec.started_ns.store(monotonic_ns(), std::memory_order_release);
+  }
   for (;;) {
     if (q.is_closed() || rec.retire.load(std::memory_order_acquire)) return std::nullopt;
     // rec.slot names the item before the queue's CAS and h.worker before the slot's: a worker that

@@ -136,7 +136,7 @@ TEST(BatchRingLayoutStatic, SharedFieldsOwnTheirCacheLines) {
   EXPECT_EQ(alignof(SlotHeader), kCacheLine);
   EXPECT_EQ(sizeof(SlotHeader) % kCacheLine, 0u);
   EXPECT_EQ(alignof(WorkerRecord), kCacheLine);
-  EXPECT_EQ(sizeof(WorkerRecord), kCacheLine);
+  EXPECT_EQ(sizeof(WorkerRecord) % kCacheLine, 0u);
   EXPECT_EQ(offsetof(RingHeader, completed) % kCacheLine, 0u);
   EXPECT_GE(offsetof(RingHeader, completed), offsetof(RingHeader, total_bytes) + sizeof(uint64_t));
   EXPECT_EQ(sizeof(IndexQueue) % kCacheLine, 0u);

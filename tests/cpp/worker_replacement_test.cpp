@@ -6,6 +6,7 @@
 #include <spindle/loader.hpp>
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -128,6 +129,39 @@ TEST(AdaptiveProcesses, GrowOnWaitingSamplesWithTheSameBatches) {
   EXPECT_EQ(lines[0].rfind("spindle: 1 -> ", 0), 0u) << lines[0];
   EXPECT_EQ(loader.stats().processes, loader.processes());
   EXPECT_EQ(loader.stats().max_processes, 8);
+}
+
+// Proves: what a process costs its start (imports, the dataset's setup: here 150 ms of CPU before its
+// first claim) is not what it uses: processes that then wait on I/O (10 ms a sample) grow to all 8 in one
+// change, not in steps sized by their start's CPU; the batches are those of a fixed run.
+TEST(AdaptiveProcesses, CountAProcessFromItsFirstClaimNotItsStart) {
+  const auto batches = testing::consecutive_batches(480, 4);
+  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
+  o.adaptive = true;
+  o.budget_sources.cpus = 2;
+  std::vector<std::string> lines;
+  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  WorkerMain body = sample_worker([](int64_t i, std::span<std::byte> out) {
+    std::this_thread::sleep_for(10ms);
+    fill(i, out);
+  }, kSampleBytes);
+  Loader loader(o, batches, Launcher::fork([body](WorkerContext& ctx) {
+                  timespec t{};
+                  auto cpu = [&t] {
+                    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+                    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+                  };
+                  for (const auto until = cpu() + 150'000'000LL; cpu() < until;) {
+                  }
+                  return body(ctx);
+                }));
+  const auto seen = drain(loader, batches.size());
+  std::vector<int64_t> all(480);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(seen, all);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find(" -> 8 worker processes"), std::string::npos) << lines[0];
+  EXPECT_EQ(loader.processes(), 8);
 }
 
 // Proves: adaptive streams need logical workers (without them the data depends on the processes) and
