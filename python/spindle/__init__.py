@@ -22,6 +22,7 @@ from .errors import (
     InternalError,
     LoaderTimeoutError,
     PeerVersionWarning,
+    ProcessesAdvised,
     SharedMemoryError,
     SkipRatioError,
     SpindleError,

@@ -63,6 +63,13 @@ def test_internal_error_is_an_assertion_error_and_a_spindle_error():
     assert "InternalError" in errors.__all__
 
 
+def test_every_name_spindle_exports_resolves():
+    """Proves: each name of ``spindle.__all__`` is an attribute of spindle (the error classes included:
+    ProcessesAdvised was listed and missing)."""
+    missing = [name for name in spindle.__all__ if not hasattr(spindle, name)]
+    assert not missing, missing
+
+
 def test_error_classes_keep_their_bases_and_pickle_their_fields():
     """Proves: the typed classes keep their bases, and a pickled exception keeps its fields."""
     import pickle
