@@ -17,7 +17,10 @@
 //     more processes, as many as the free cores hold at the workers' CPU per
 //     process, at most doubling (four times while next() waits most of the
 //     window; all that fit at once when it waits most of the window on workers
-//     that use little CPU: they wait on I/O, and the first windows count);
+//     that use little CPU: they wait on I/O, and the first windows count).
+//     The early judgement (kEarlyWindow) also needs a core free: workers that
+//     use little CPU with none free may be starved of it, not waiting on I/O
+//     (the last epoch's processes exiting), and a whole window tells more;
 //   - next() hardly waited and the workers were busy less than kIdleBusy of
 //     their time for kIdleWindows windows: the consumer sets the pace, so one
 //     process retires;
@@ -260,16 +263,17 @@ void Loader::autoscale() {
 
   // Streams: one a logical worker, or those running when the budget granted fewer than advised.
   const int most = !advises() ? options_.num_workers : a.granted_less ? running : static_cast<int>(logical_);
-  if (early && !(wait_share > kSureWait && per_process < kIoBound && running < most)) return;  // to its end
-  if (wait_share > kGrowWait && running < most && (free_cores >= kFreeCore || per_process < kIoBound)) {
+  // A core free: workers that use little CPU wait (on I/O), they are not starved of it.
+  const bool core_free = free_cores >= kFreeCore;
+  if (early && !(wait_share > kSureWait && per_process < kIoBound && core_free && running < most)) return;  // to its end
+  if (wait_share > kGrowWait && running < most && (core_free || per_process < kIoBound)) {
     a.idle_windows = 0;
     // All that fit at once where every change restarts the streams (advice), or where next() waited
     // most of the window on processes that use little CPU (they wait on I/O: the fit is sound, and
     // each doubling would cost a window of the I/O's latency); else to 4x, or 2x. Streams waiting on
-    // I/O with a core free fit all their logical workers: the first window's CPU counts the start
-    // (forks, the pipelines' setup; 2 -> 10 -> 16 over HTTP), and each step restarts them.
+    // I/O with a core free fit all their logical workers: each step restarts them.
     const bool waits_on_io = wait_share > kFastWait && per_process < kIoBound;
-    const bool all = advises() && waits_on_io && free_cores >= kFreeCore;
+    const bool all = advises() && waits_on_io && core_free;
     const int fit = all || per_process <= 0.01
                         ? most
                         : static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process));

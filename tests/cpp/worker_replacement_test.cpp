@@ -6,6 +6,7 @@
 #include <spindle/loader.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -162,6 +163,48 @@ TEST(AdaptiveProcesses, CountAProcessFromItsFirstClaimNotItsStart) {
   ASSERT_FALSE(lines.empty());
   EXPECT_NE(lines[0].find(" -> 8 worker processes"), std::string::npos) << lines[0];
   EXPECT_EQ(loader.processes(), 8);
+}
+
+// Proves: with no core free (every core spun by a process at nice 19), processes that use little CPU
+// are not grown at the early look (kEarlyWindow): they may be starved of CPU rather than waiting on
+// I/O, so the first change comes after a whole window (here they do wait: 5 ms asleep a sample).
+TEST(AdaptiveProcesses, NoEarlyGrowthWithoutACoreFree) {
+  struct Hogs {
+    std::vector<pid_t> pids;
+    ~Hogs() {
+      for (const pid_t p : pids) kill(p, SIGKILL);
+      for (const pid_t p : pids) waitpid(p, nullptr, 0);
+    }
+  } hogs;
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 0; i <= cpus; ++i) {
+    const pid_t p = fork();
+    ASSERT_GE(p, 0);
+    if (p == 0) {
+      (void)nice(19);
+      for (;;) {
+      }
+    }
+    hogs.pids.push_back(p);
+  }
+  std::this_thread::sleep_for(50ms);  // spinning
+  const auto batches = testing::consecutive_batches(240, 4);
+  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
+  o.adaptive = true;
+  o.budget_sources.cpus = cpus;
+  std::vector<std::string> lines;
+  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
+                  std::this_thread::sleep_for(5ms);
+                  fill(i, out);
+                }, kSampleBytes)));
+  const auto seen = drain(loader, batches.size());
+  EXPECT_EQ(seen.size(), 240u);
+  for (const std::string& line : lines) {  // "... of the last 0.10 s with ..."
+    const auto at = line.find("of the last ");
+    ASSERT_NE(at, std::string::npos) << line;
+    EXPECT_GE(std::stod(line.substr(at + 12)), 0.095) << line;
+  }
 }
 
 // Proves: adaptive streams need logical workers (without them the data depends on the processes) and
