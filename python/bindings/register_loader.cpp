@@ -179,7 +179,11 @@ void register_loader(py::module_& m) {
                      "With logical_workers: the most processes to run the num_workers logical workers on "
                      "(0: num_workers).")
       .def_readwrite("reserve_tasks", &LoaderOptions::reserve_tasks,
-                     "Adaptive: tasks of the user's budget kept free for the consumer's own threads.")
+                     "Tasks of the user's budget kept free for the consumer's own threads: held back from the "
+                     "start's grant, and kept free while batches flow (processes retire).")
+      .def_readwrite("worker_tasks", &LoaderOptions::worker_tasks,
+                     "Tasks one worker process runs (its thread and its runtimes'): the start grants processes "
+                     "at this rate under \"shrink\".")
       .def("__repr__", &describe);
 
   py::class_<Batch>(m, "Batch", py::buffer_protocol(),

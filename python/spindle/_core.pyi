@@ -467,7 +467,7 @@ class LoaderOptions:
     @property
     def reserve_tasks(self) -> int:
         """
-        Adaptive: tasks of the user's budget kept free for the consumer's own threads.
+        Tasks of the user's budget kept free for the consumer's own threads: held back from the start's grant, and kept free while batches flow (processes retire).
         """
     @reserve_tasks.setter
     def reserve_tasks(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
@@ -511,6 +511,14 @@ class LoaderOptions:
         """
     @timeout.setter
     def timeout(self, arg1: typing.SupportsFloat | typing.SupportsIndex) -> None:
+        ...
+    @property
+    def worker_tasks(self) -> int:
+        """
+        Tasks one worker process runs (its thread and its runtimes'): the start grants processes at this rate under "shrink".
+        """
+    @worker_tasks.setter
+    def worker_tasks(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
 class Batch:
     """

@@ -98,9 +98,18 @@ BudgetLedger::~BudgetLedger() { delete impl_; }
 
 std::string BudgetLedger::default_path() { return "/dev/shm/spindle-ledger." + std::to_string(::getuid()); }
 
+int64_t start_holdback(int64_t free, int num_workers, BudgetPolicy policy, const StartNeeds& needs) noexcept {
+  if (free == kUnlimited || free <= 0 || num_workers < 1) return 0;
+  const int64_t each = std::max<int64_t>(1, needs.worker_tasks);
+  const int64_t wanted = std::max<int64_t>(0, needs.reserve) + (each - 1) * num_workers;
+  if (policy != BudgetPolicy::kShrink) return std::max<int64_t>(0, std::min(wanted, free - num_workers));
+  const int64_t fit = std::max<int64_t>(1, std::min<int64_t>(num_workers, (free - std::max<int64_t>(0, needs.reserve)) / each));
+  return fit < num_workers ? free - fit : std::min(wanted, free - fit);
+}
+
 LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chrono::milliseconds timeout,
                                   const std::function<ThreadBudget()>& read_budget,
-                                  const std::function<void()>& poll) {
+                                  const std::function<void()>& poll, const StartNeeds& needs) {
   if (num_workers < 1)
     SPINDLE_THROW(std::invalid_argument, "spindle: a lease needs num_workers >= 1 (got " + std::to_string(num_workers) + ")");
   const auto start = std::chrono::steady_clock::now();
@@ -116,12 +125,16 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
       // under g_mu alone): what /proc shows and what is pending are read and
       // the new lease written in one critical section.
       auto decide = [&](int64_t others) {
-        const int64_t pending = others + impl_->local_pending();
+        const int64_t leased = others + impl_->local_pending();
         const int held = impl_->local_helpers();
         const ThreadBudget budget = read_budget();
         // A cap of the user's own below the request is a contradiction in
         // the arguments, not a shortage: refused under every policy.
-        if (num_workers > budget.user_cap()) (void)budget.plan(num_workers, pending);  // throws
+        if (num_workers > budget.user_cap()) (void)budget.plan(num_workers, leased);  // throws
+        // What the consumer and the workers' runtimes need is counted as pending: off the node's
+        // headroom, as another lease's tasks are.
+        const int64_t kept = start_holdback(budget.budget(leased), num_workers, policy, needs);
+        const int64_t pending = leased + kept;
         const int64_t avail = budget.budget(pending);
         int workers = num_workers;
         std::string note;
@@ -136,9 +149,13 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
             workers = static_cast<int>(avail);
             note = "spindle: " + std::to_string(num_workers) + " workers asked, " + std::to_string(workers) +
                    " started: the thread budget has " + std::to_string(avail) + " tasks left (" +
-                   budget.describe() + "; " + std::to_string(pending) +
-                   " tasks leased to other loaders of this uid and not started yet). Policy \"shrink\"; "
-                   "pass budget_policy=\"wait\" or \"fail\" to change that.";
+                   budget.describe() + "; " + std::to_string(leased) +
+                   " tasks leased to other loaders of this uid and not started yet" +
+                   (kept > 0 ? "; " + std::to_string(kept) + " kept for the consumer's threads (" +
+                                   std::to_string(needs.reserve) + ") and the workers' runtimes (" +
+                                   std::to_string(std::max<int64_t>(1, needs.worker_tasks)) + " tasks a worker)"
+                             : std::string()) +
+                   "). Policy \"shrink\"; pass budget_policy=\"wait\" or \"fail\" to change that.";
           } else {
             // budget.plan throws the full message; kWait retries it.
             try {
@@ -154,7 +171,8 @@ LedgerGrant BudgetLedger::acquire(int num_workers, BudgetPolicy policy, std::chr
         g.plan = budget.plan(workers, pending, held);
         g.requested = num_workers;
         g.live_budget = budget.budget();
-        g.pending_seen = pending;
+        g.pending_seen = leased;
+        g.held_back = kept;
         g.note = std::move(note);
         return std::optional<LedgerGrant>(std::move(g));
       };

@@ -150,9 +150,13 @@ void Loader::prepare(bool threads) {
   int processes = options_.num_workers;
   if (chosen) processes = std::min(options.processes, options_.num_workers);
   else if (advises()) processes = first;
+  if (options.reserve_tasks < 0 || options.worker_tasks < 1)
+    SPINDLE_THROW(std::invalid_argument, "spindle: reserve_tasks must be >= 0 and worker_tasks >= 1 (got " +
+                                             std::to_string(options.reserve_tasks) + " and " +
+                                             std::to_string(options.worker_tasks) + ")");
   LedgerGrant grant = BudgetLedger::global().acquire(
       processes, options.budget_policy, options.timeout, [&] { return ThreadBudget(sources); },
-      options.budget_poll);
+      options.budget_poll, StartNeeds{options.reserve_tasks, options.worker_tasks});
   plan_ = grant.plan;
   leases_ = std::make_unique<LoaderLeases>();
   leases_->ledger = std::move(grant.lease);

@@ -102,6 +102,38 @@ TEST(BudgetLedger, PendingTasksAreSubtractedUntilStarted) {
   EXPECT_EQ(pending_in_table(ledger), 4);
 }
 
+// Proves: a start keeps the consumer's reserve and the workers' runtime threads free (start_holdback):
+// under "shrink" the processes that fit at their tasks each run, at least one; under "fail" and "wait"
+// only what leaves the workers asked fitting is held back (they refuse where they would without it);
+// nothing is held back from an unlimited budget; the shrink note names what was kept.
+TEST(BudgetLedger, AStartKeepsTheConsumersReserveAndTheWorkersRuntimeThreadsFree) {
+  const StartNeeds needs{8, 3};  // 8 tasks for the consumer, 3 a worker (its thread and 2 of its runtimes')
+  EXPECT_EQ(start_holdback(kUnlimited, 16, BudgetPolicy::kShrink, needs), 0);
+  EXPECT_EQ(start_holdback(0, 16, BudgetPolicy::kShrink, needs), 0);
+  EXPECT_EQ(start_holdback(40, 16, BudgetPolicy::kShrink, needs), 40 - 10);  // (40 - 8) / 3 = 10 fit
+  EXPECT_EQ(start_holdback(100, 16, BudgetPolicy::kShrink, needs), 8 + 2 * 16);  // all fit: all of it
+  EXPECT_EQ(start_holdback(5, 16, BudgetPolicy::kShrink, needs), 4);  // none fits beside it: one runs
+  EXPECT_EQ(start_holdback(40, 16, BudgetPolicy::kFail, needs), 40 - 16);  // the 16 asked still fit
+  EXPECT_EQ(start_holdback(100, 16, BudgetPolicy::kWait, needs), 8 + 2 * 16);
+  EXPECT_EQ(start_holdback(10, 16, BudgetPolicy::kFail, needs), 0);  // refused as without it
+  EXPECT_EQ(start_holdback(40, 16, BudgetPolicy::kShrink, StartNeeds{}), 0);  // nothing asked: nothing kept
+
+  TablePath path;
+  BudgetLedger ledger(path.str());
+  auto shrunk = ledger.acquire(16, BudgetPolicy::kShrink, 0ms, fixed_budget(40), {}, needs);
+  EXPECT_EQ(shrunk.plan.num_workers, 10);
+  EXPECT_EQ(shrunk.held_back, 30);
+  EXPECT_NE(shrunk.note.find("16 workers asked, 10 started"), std::string::npos) << shrunk.note;
+  EXPECT_NE(shrunk.note.find("30 kept for the consumer's threads (8) and the workers' runtimes (3 tasks a worker)"),
+            std::string::npos) << shrunk.note;
+  EXPECT_EQ(pending_in_table(ledger), 10) << "what is kept is not leased: only the workers are pending";
+  shrunk.lease.started(10);
+  auto contract = ledger.acquire(16, BudgetPolicy::kFail, 0ms, fixed_budget(40), {}, needs);
+  EXPECT_EQ(contract.plan.num_workers, 16);
+  EXPECT_EQ(contract.held_back, 24);
+  EXPECT_THROW(ledger.acquire(41, BudgetPolicy::kFail, 0ms, fixed_budget(40), {}, needs), ThreadBudgetError);
+}
+
 // Proves: "fail" refuses at once with the numbers; "wait" gives up after its timeout with a ThreadBudgetError.
 TEST(BudgetLedger, FailAndWaitPoliciesRefuseWithTheNumbers) {
   TablePath path;

@@ -306,12 +306,13 @@ class LedgerOff {
   ~LedgerOff() { unsetenv("SPINDLE_LEDGER"); }
 };
 
-// A budget of about `workers` processes for this loader (what this process's
-// other loaders hold may take some): no uid or cgroup limit from the machine
-// (a uid with no tasks, no cgroup), one CPU (no arena threads).
+// A budget of about `workers` processes for this loader beside the consumer's
+// reserve (what this process's other loaders hold may take some): no uid or
+// cgroup limit from the machine (a uid with no tasks, no cgroup), one CPU (no
+// arena threads).
 spindle::LoaderOptions short_budget(spindle::LoaderOptions o, int workers) {
   o.budget_sources.uid = 4242424;
-  o.budget_sources.nproc_limit = workers;
+  o.budget_sources.nproc_limit = workers + o.reserve_tasks;
   o.budget_sources.nproc_exempt = false;
   o.budget_sources.cgroup_root = "/nonexistent";
   o.budget_sources.cpus = 1;

@@ -1,9 +1,5 @@
 """What a loader's workers may not take from the thread budget: the consumer's reserve, and the
-threads each worker runs beyond its own.
-
-The core plans one task per worker and keeps ``kReserve`` (2) for the rest of the consumer when it
-sizes the arena (``thread_budget.hpp``). Two things it cannot know are added here, on the Python
-side, where the runtimes are known:
+threads each worker runs beyond its own. Facts of this process, known here; the core decides what fits.
 
 - **The consumer's reserve**: what the training loop runs besides the loader. Its peak thread count
   so far (sampled at every start and by the thread watchdog, about once a second) less what it runs
@@ -14,20 +10,19 @@ side, where the runtimes are known:
   workers inherit them), or the most threads the thread watchdog saw a worker of this process run
   (runtimes the workers load themselves), whichever is more (``docs/threads.md``).
 
-Both are held back from the core's grant by a lease of the node's budget ledger taken just before
-it and given back once the workers run (``held_back``): the grant sees them as pending tasks, so a
-"shrink" start runs the processes that fit (logical workers keep the data). Under "fail" and "wait"
-the workers asked are the user's contract: only what leaves them fitting is held back (it comes out
-of the arena), so neither policy refuses or waits where it did not.
+Both go to the core with every start (``LoaderOptions.reserve_tasks`` and ``worker_tasks``,
+``StartSpec.options``). The core holds them back from its grant (``start_holdback`` in
+``budget_ledger.hpp``: under "shrink" the processes that fit run, and logical workers keep the data;
+under "fail" and "wait" the workers asked are the user's contract, so only what leaves them fitting is
+held back) and keeps the reserve free while batches flow (processes retire before a
+``pthread_create`` fails: ``loader_autoscale.cpp``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
-from typing import Iterator, Optional
 
 from . import runtimes
 
@@ -79,40 +74,6 @@ def planned_worker_tasks() -> int:
     """Tasks a start counts per worker: ``worker_lease()``, or the most threads a worker of this process
     was seen running (runtimes the workers load themselves, such as polars), whichever is more."""
     return max(worker_lease(), _worker_seen)
-
-
-def holdback(free: Optional[int], num_workers: int, policy: str, reserve: int, lease: int) -> int:
-    """Tasks to hold back from a grant of `num_workers` workers when `free` tasks are free (None:
-    unlimited), so that the workers' extra threads (`lease` - 1 each) and the consumer's `reserve`
-    stay free: under "shrink", all of it, leaving at least one worker; under "fail" and "wait", only
-    what leaves `num_workers` fitting."""
-    if free is None or free <= 0:
-        return 0
-    wanted = reserve + (lease - 1) * num_workers
-    if policy != "shrink":
-        return max(0, min(wanted, free - num_workers))
-    fit = max(1, min(num_workers, (free - reserve) // lease))
-    return free - fit if fit < num_workers else min(wanted, free - fit)
-
-
-@contextlib.contextmanager
-def held_back(num_workers: int, policy: str) -> Iterator[None]:
-    """Around the core's grant (the Loader's construction): a ledger lease of what the workers may
-    not take (``holdback``), given back when the block ends: the workers then run (in /proc) and the
-    consumer's reserve is free again for its own threads."""
-    from .. import _core
-
-    reserve, lease = consumer_reserve(), planned_worker_tasks()
-    probe = _core.reserve_stopping(0)
-    try:
-        free = _core.ledger_available(probe)
-    finally:
-        probe.release()
-    held = _core.reserve_stopping(holdback(free, num_workers, policy, reserve, lease))
-    try:
-        yield
-    finally:
-        held.release()
 
 
 def _forget_in_child() -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _core
 from .._budget.policy import warn_if_shrunk
-from .._budget.reserve import consumer_reserve, held_back
+from .._budget.reserve import consumer_reserve, planned_worker_tasks
 from .forking import forked_worker, forking
 from .spawned import WorkerPayload, worker_argv, worker_env
 
@@ -99,14 +99,6 @@ class StartSpec:
                              f"but got {self.start_method!r}")
 
     @property
-    def processes_asked(self) -> int:
-        """The processes this spec starts before the budget: the logical workers run on ``processes``
-        of them when set (the core's rule: loader.cpp, prepare)."""
-        if self.logical_workers and self.processes > 0 and (self.round_robin or self.assign_in_turn):
-            return min(self.processes, self.num_workers)
-        return self.num_workers
-
-    @property
     def spawns(self) -> bool:
         """Workers are new interpreters (their body and its arguments are pickled)."""
         return self.start_method != "fork"
@@ -120,8 +112,10 @@ class StartSpec:
                 setattr(options, field.name, getattr(self, field.name))
         options.budget_policy = (self.budget_policy if self.budget_policy is not None
                                  else _core.resolve_budget_policy())
-        if self.adaptive:  # what the consumer may still start, kept free while the processes follow
-            options.reserve_tasks = consumer_reserve()
+        # What the core keeps free of the budget, at the start and while batches flow: the consumer's
+        # threads beyond the loader, and each worker's runtimes (facts of this process, known here).
+        options.reserve_tasks = consumer_reserve()
+        options.worker_tasks = planned_worker_tasks()
         return options
 
 
@@ -151,11 +145,11 @@ def start(spec: StartSpec, body: Callable[[Any], Any], *, order: np.ndarray, sta
             if spec.pickle_warning is not None:
                 warnings.warn(spec.pickle_warning, stacklevel=stacklevel + 1)
             raise
-        with payload, held_back(spec.processes_asked, options.budget_policy):
+        with payload:
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    spawn_argv=worker_argv(), spawn_fds=payload.fds, spawn_env=worker_env())
     else:
-        with forking(), held_back(spec.processes_asked, options.budget_policy):
+        with forking():
             runtime = _core.Loader(options, order=order, starts=starts, drop_last=drop_last,
                                    worker_main=forked_worker(body))
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)
@@ -173,11 +167,10 @@ def start_pipeline(spec: StartSpec, pipeline: Any, *, order: np.ndarray, seed: i
     options = spec.options()
     starts = [int(p) for p in stream_starts]
     if threads:
-        with held_back(spec.processes_asked, options.budget_policy):
-            runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
-                                            seed=seed, epoch=epoch, stream_starts=starts)
+        runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=True,
+                                        seed=seed, epoch=epoch, stream_starts=starts)
     else:
-        with forking(), held_back(spec.processes_asked, options.budget_policy):
+        with forking():
             runtime = _core.pipeline_loader(pipeline, options, order=order, drop_last=drop_last, threads=False,
                                             seed=seed, epoch=epoch, stream_starts=starts)
     warn_if_shrunk(runtime, stacklevel=stacklevel + 1)

@@ -89,6 +89,21 @@ class LedgerLease {
   pid_t pid_ = 0;
 };
 
+// What a start keeps free besides its workers' own threads (LoaderOptions::reserve_tasks and
+// worker_tasks): the consumer's threads beyond the loader, and the threads each worker's runtimes run.
+struct StartNeeds {
+  int64_t reserve = 0;       // tasks left free for the rest of the consumer process
+  int64_t worker_tasks = 1;  // tasks one worker process runs: its own thread and its runtimes'
+};
+
+// Tasks a start holds back from a grant of `num_workers` workers when `free` tasks are free
+// (kUnlimited or none free: nothing), so that `needs.reserve` and the workers' threads beyond their
+// own (`needs.worker_tasks` - 1 each) stay free. Under kShrink all of it, leaving at least one worker:
+// the workers that fit at `worker_tasks` each run. Under kWait and kFail only what leaves
+// `num_workers` fitting: the workers asked are the caller's contract, so neither policy refuses or
+// waits where it would not without it (what is not held back comes out of the arena).
+int64_t start_holdback(int64_t free, int num_workers, BudgetPolicy policy, const StartNeeds& needs) noexcept;
+
 // What acquire() granted.
 struct LedgerGrant {
   ThreadPlan plan;            // num_workers may be below the request (kShrink)
@@ -96,6 +111,7 @@ struct LedgerGrant {
   int requested = 0;          // workers asked for
   int64_t live_budget = 0;    // ThreadBudget::budget() when granted
   int64_t pending_seen = 0;   // tasks other leases held but had not started
+  int64_t held_back = 0;      // tasks kept free for the consumer and the workers' runtimes (start_holdback)
   bool shared = false;        // the node table was used (false: this process only)
   std::string note;           // non-empty when shrunk: one line with the numbers
 };
@@ -132,14 +148,15 @@ class BudgetLedger {
 
   // Grants `num_workers` workers (+ the arena threads the plan allows, within
   // cpus − 1 less local_arena_threads()) out of
-  // read_budget().budget() minus every live lease's pending tasks, following
-  // `policy` when short. `timeout` bounds kWait (0: no bound). While waiting,
-  // `poll` is called between attempts instead of sleeping kPollPeriod: it paces
-  // the wait and may throw (e.g. on Ctrl-C). Throws
-  // ThreadBudgetError with the numbers when nothing fits.
+  // read_budget().budget() minus every live lease's pending tasks, less what
+  // `needs` keeps free (start_holdback), following `policy` when short.
+  // `timeout` bounds kWait (0: no bound). While waiting, `poll` is called
+  // between attempts instead of sleeping kPollPeriod: it paces the wait and
+  // may throw (e.g. on Ctrl-C). Throws ThreadBudgetError with the numbers
+  // when nothing fits.
   LedgerGrant acquire(int num_workers, BudgetPolicy policy, std::chrono::milliseconds timeout,
                       const std::function<ThreadBudget()>& read_budget,
-                      const std::function<void()>& poll = {});
+                      const std::function<void()>& poll = {}, const StartNeeds& needs = {});
 
   // Threads of this process that run now and are about to be stopped and
   // started again by something spindle does (numpy's OpenBLAS pool, which

@@ -150,10 +150,17 @@ struct LoaderOptions {
   // starts its streams again on that many processes from their states, as
   // from a checkpoint; num_workers is then the logical workers, which stay.
   bool adaptive = false;
-  // Adaptive: tasks of the user's budget kept free for the rest of the
-  // consumer (its threads, a checkpoint's burst): processes retire when fewer
-  // are free, and none is added that would leave fewer.
+  // Tasks of the user's budget kept free for the rest of the consumer (its
+  // threads, a checkpoint's burst). The start holds them back from the grant
+  // (under "shrink", fewer processes; start_holdback in budget_ledger.hpp), and
+  // while batches flow, under a finite budget, processes retire when fewer are
+  // free and none is added that would leave fewer (loader_autoscale.cpp).
   int64_t reserve_tasks = ThreadBudget::kReserve;
+  // Tasks one worker process runs: its own thread and the threads of the
+  // runtimes it inherits (the Python front end: the runtime table's worker
+  // threads, or the most a worker was seen running). The start grants
+  // processes at this rate under "shrink".
+  int64_t worker_tasks = 1;
   // One line per change of the processes, with its reason (empty: none).
   // Called from the thread in next().
   std::function<void(const std::string&)> on_resized;
