@@ -12,15 +12,14 @@
 // (kEarlyWindow) when next() waited nearly all of it on processes that wait on
 // I/O: each window costs the I/O's latency at too few processes.
 //   - next() waited more than kGrowWait of the window and a core is free (of
-//     this loader's cpus, and idle on the machine: other programs count), or
-//     the workers use little CPU each (kIoBound: they wait on I/O):
+//     this loader's cpus, and idle on the machine: other programs count):
 //     more processes, as many as the free cores hold at the workers' CPU per
 //     process, at most doubling (four times while next() waits most of the
 //     window; all that fit at once when it waits most of the window on workers
-//     that use little CPU: they wait on I/O, and the first windows count).
-//     The early judgement (kEarlyWindow) also needs a core free: workers that
-//     use little CPU with none free may be starved of it, not waiting on I/O
-//     (the last epoch's processes exiting), and a whole window tells more;
+//     that use little CPU (kIoBound): they wait on I/O, and the first windows
+//     count). Never with no core free: processes that use little CPU then may
+//     be starved of it rather than waiting on I/O (more processes than cores;
+//     the last epoch's processes exiting), and more would starve them more;
 //   - next() hardly waited and the workers were busy less than kIdleBusy of
 //     their time for kIdleWindows windows: the consumer sets the pace, so one
 //     process retires;
@@ -239,7 +238,7 @@ void Loader::autoscale() {
       run_s += seconds;
     } else {
       const double since_start =
-          std::max(0.0, ticks / tck - static_cast<double>(rec.start_cpu_ns.load(std::memory_order_relaxed)) / 1e9);
+          std::max(0.0, ticks - static_cast<double>(rec.start_cpu_ticks.load(std::memory_order_relaxed))) / tck;
       cpu_s += since_start;
       run_s += std::max(0.0, static_cast<double>(now_ns - started) / 1e9);  // from its start, as its CPU
       start_s += std::max(0.0, in_window - since_start);
@@ -266,14 +265,14 @@ void Loader::autoscale() {
   // A core free: workers that use little CPU wait (on I/O), they are not starved of it.
   const bool core_free = free_cores >= kFreeCore;
   if (early && !(wait_share > kSureWait && per_process < kIoBound && core_free && running < most)) return;  // to its end
-  if (wait_share > kGrowWait && running < most && (core_free || per_process < kIoBound)) {
+  if (wait_share > kGrowWait && running < most && core_free) {
     a.idle_windows = 0;
     // All that fit at once where every change restarts the streams (advice), or where next() waited
     // most of the window on processes that use little CPU (they wait on I/O: the fit is sound, and
     // each doubling would cost a window of the I/O's latency); else to 4x, or 2x. Streams waiting on
     // I/O with a core free fit all their logical workers: each step restarts them.
     const bool waits_on_io = wait_share > kFastWait && per_process < kIoBound;
-    const bool all = advises() && waits_on_io && core_free;
+    const bool all = advises() && waits_on_io;
     const int fit = all || per_process <= 0.01
                         ? most
                         : static_cast<int>(std::floor(std::max(free_cores, kFreeCore) / per_process));

@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -167,10 +166,12 @@ std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring().queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring().worker(worker_id_);
   if (rec.started_ns.load(std::memory_order_relaxed) == 0) {  // its first claim: its start is done
-    rusage use{};
-    getrusage(RUSAGE_SELF, &use);
-    auto ns = [](const timeval& t) { return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(t.tv_usec) * 1000; };
-    rec.start_cpu_ns.store(ns(use.ru_utime) + ns(use.ru_stime), std::memory_order_relaxed);
+    uint64_t ticks = 0;
+    try {
+      if (const auto st = procfs::read_stat(getpid())) ticks = st->utime + st->stime;
+    } catch (const std::exception&) {  // unreadable: its start counts as used (the safe side)
+    }
+    rec.start_cpu_ticks.store(ticks, std::memory_order_relaxed);
     rec.started_ns.store(monotonic_ns(), std::memory_order_release);
   }
   for (;;) {

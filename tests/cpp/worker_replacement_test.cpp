@@ -166,9 +166,9 @@ TEST(AdaptiveProcesses, CountAProcessFromItsFirstClaimNotItsStart) {
 }
 
 // Proves: with no core free (every core spun by a process at nice 19), processes that use little CPU
-// are not grown at the early look (kEarlyWindow): they may be starved of CPU rather than waiting on
-// I/O, so the first change comes after a whole window (here they do wait: 5 ms asleep a sample).
-TEST(AdaptiveProcesses, NoEarlyGrowthWithoutACoreFree) {
+// are not grown: they may be starved of CPU rather than waiting on I/O (here they sleep 5 ms a sample;
+// in the bench's two consumers, PIL workers starved on 2 cores grew 2 -> 5 -> 7 -> 13 -> 16).
+TEST(AdaptiveProcesses, NoGrowthWithoutACoreFree) {
   struct Hogs {
     std::vector<pid_t> pids;
     ~Hogs() {
@@ -200,11 +200,7 @@ TEST(AdaptiveProcesses, NoEarlyGrowthWithoutACoreFree) {
                 }, kSampleBytes)));
   const auto seen = drain(loader, batches.size());
   EXPECT_EQ(seen.size(), 240u);
-  for (const std::string& line : lines) {  // "... of the last 0.10 s with ..."
-    const auto at = line.find("of the last ");
-    ASSERT_NE(at, std::string::npos) << line;
-    EXPECT_GE(std::stod(line.substr(at + 12)), 0.095) << line;
-  }
+  EXPECT_TRUE(lines.empty()) << lines.front();
 }
 
 // Proves: adaptive streams need logical workers (without them the data depends on the processes) and
