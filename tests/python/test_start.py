@@ -6,13 +6,15 @@ import multiprocessing
 import pytest
 
 from spindle import _core
+from spindle._budget import reserve
 from spindle._runtime.start import StartSpec, start_method_of
 
 
 def test_start_spec_defaults_are_the_cores_loader_options():
     """Proves: every StartSpec field that LoaderOptions has (but the policy, None until resolved) defaults to
     LoaderOptions()'s value (the C++ core owns the defaults), and a default spec's options() equal
-    LoaderOptions() field by field."""
+    LoaderOptions() field by field, but for what this process measures and the core keeps free: the
+    consumer's reserve and each worker's tasks (``_budget/reserve.py``)."""
     core = _core.LoaderOptions()
     shared = [f.name for f in dataclasses.fields(StartSpec) if hasattr(core, f.name) and f.name != "budget_policy"]
     assert len(shared) == 15, shared
@@ -20,8 +22,10 @@ def test_start_spec_defaults_are_the_cores_loader_options():
     for name in shared:
         assert getattr(StartSpec(), name) == getattr(core, name), name
     built = StartSpec(budget_policy="shrink").options()
-    for name in shared + ["slot_bytes", "max_skip_ratio", "stats", "stall_warning", "budget_policy", "reserve_tasks"]:
+    for name in shared + ["slot_bytes", "max_skip_ratio", "stats", "stall_warning", "budget_policy"]:
         assert getattr(built, name) == getattr(core, name), name
+    assert built.reserve_tasks >= reserve.BURST_MIN, built.reserve_tasks
+    assert built.worker_tasks == reserve.planned_worker_tasks() >= 1
 
 
 def test_start_spec_resolves_the_policy_from_the_environment_when_unset(monkeypatch):
