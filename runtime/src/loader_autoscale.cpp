@@ -140,7 +140,6 @@ void Loader::autoscale() {
   const uint32_t nw = r.geometry().num_workers;
   auto measure = [&] {
     a.since = now;
-    a.since_ns = monotonic_ns();
     a.judged_early = false;
     a.waited_ns = 0;
     a.consumer_ticks = cpu_ticks(getpid());
@@ -219,8 +218,10 @@ void Loader::autoscale() {
   const double tck = static_cast<double>(procfs::clock_ticks_per_second());
   // What a started process uses: its CPU over the time it ran in the window. A process still
   // starting is left out, and one that started in the window counts from its start: the forks,
-  // imports and the dataset's setup are not what it will use (they made 2 -> 10 -> 16 out of 2 -> 16).
+  // imports and the dataset's setup are not what it will use.
+  // The window's start on the workers' clock (started_ns): steady_clock is CLOCK_MONOTONIC too.
   const int64_t now_ns = monotonic_ns();
+  const int64_t since_ns = now_ns - std::chrono::duration_cast<std::chrono::nanoseconds>(window).count();
   double cpu_s = 0, run_s = 0, start_s = 0;  // start_s: the CPU the starts took in the window
   uint64_t busy_ns = 0;
   for (uint32_t w = 0; w < nw; ++w) {
@@ -233,7 +234,7 @@ void Loader::autoscale() {
     const double in_window = std::max(0.0, ticks - before) / tck;
     if (started == 0) {  // still starting
       start_s += in_window;
-    } else if (started <= a.since_ns && before != 0) {
+    } else if (started <= since_ns && before != 0) {
       cpu_s += in_window;
       run_s += seconds;
     } else {

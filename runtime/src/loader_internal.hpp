@@ -44,7 +44,6 @@ struct LoaderLeases {
 // window measured from, and the controller's state.
 struct AutoScale {
   std::chrono::steady_clock::time_point since{};  // the window's start
-  int64_t since_ns = 0;             // the same on the workers' clock (monotonic_ns)
   bool judged_early = false;        // the window was looked at once before its end (kEarlyWindow)
   uint64_t waited_ns = 0;           // next() blocked during the window
   uint64_t consumer_ticks = 0;      // this process's CPU clock ticks at `since`

@@ -106,15 +106,21 @@ TEST(WorkerReplacement, APoisonSampleIsNamedAtItsSecondLoss) {
   EXPECT_TRUE(loader.closed());
 }
 
+// Adaptive processes, at most 8, batches of 4 samples, a budget of `cpus`; each change's line into `lines`.
+LoaderOptions adaptive_options(int cpus, std::vector<std::string>& lines) {
+  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
+  o.adaptive = true;
+  o.budget_sources.cpus = cpus;
+  o.on_resized = [&lines](const std::string& line) { lines.push_back(line); };
+  return o;
+}
+
 // Proves: adaptive processes start at the idle cores (one: a budget of one cpu), grow while next()
 // waits on slow samples, and deliver the same batches in the same order.
 TEST(AdaptiveProcesses, GrowOnWaitingSamplesWithTheSameBatches) {
   const auto batches = testing::consecutive_batches(400, 4);
-  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
-  o.adaptive = true;
-  o.budget_sources.cpus = 1;
   std::vector<std::string> lines;
-  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  const LoaderOptions o = adaptive_options(1, lines);
   Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
                   std::this_thread::sleep_for(5ms);
                   fill(i, out);
@@ -137,11 +143,8 @@ TEST(AdaptiveProcesses, GrowOnWaitingSamplesWithTheSameBatches) {
 // change, not in steps sized by their start's CPU; the batches are those of a fixed run.
 TEST(AdaptiveProcesses, CountAProcessFromItsFirstClaimNotItsStart) {
   const auto batches = testing::consecutive_batches(480, 4);
-  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
-  o.adaptive = true;
-  o.budget_sources.cpus = 2;
   std::vector<std::string> lines;
-  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  const LoaderOptions o = adaptive_options(2, lines);
   WorkerMain body = sample_worker([](int64_t i, std::span<std::byte> out) {
     std::this_thread::sleep_for(10ms);
     fill(i, out);
@@ -189,11 +192,8 @@ TEST(AdaptiveProcesses, NoGrowthWithoutACoreFree) {
   }
   std::this_thread::sleep_for(50ms);  // spinning
   const auto batches = testing::consecutive_batches(240, 4);
-  LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
-  o.adaptive = true;
-  o.budget_sources.cpus = cpus;
   std::vector<std::string> lines;
-  o.on_resized = [&](const std::string& line) { lines.push_back(line); };
+  const LoaderOptions o = adaptive_options(cpus, lines);
   Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
                   std::this_thread::sleep_for(5ms);
                   fill(i, out);
