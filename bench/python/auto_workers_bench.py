@@ -8,7 +8,10 @@ against fixed ``num_workers`` in {1, 2, 4, 8, 16}. Every epoch is a fresh
 runtime (no persistent workers), so auto starts from one process each time and
 its ramp-up is inside the clock, as a fixed setting's forks are. Rounds
 alternate the loaders (the order of the settings rotates each round); medians
-over the rounds are reported. Imports, the image folder and the HTTP server
+over the rounds are reported. Before the rounds, one unrecorded epoch of each
+workload at the largest fixed count warms what every setting shares (the page
+cache, the HTTP server, the decoders); without it round 0's first setting paid
+for them. Imports, the image folder and the HTTP server
 are set up before any clock starts.
 
 Per epoch: samples/s over the whole epoch (``iter()`` to the last batch), over
@@ -630,6 +633,14 @@ def main() -> int:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {n: {str(s): [] for s in settings} for n in works}
     try:
         with ForeignCpu() as foreign:
+            # One epoch of each workload before any is recorded, at the largest fixed count: the first
+            # epoch of a workload pays for cold caches (the page cache of its files, the server's
+            # first connections, the decoders' first use) whatever setting runs it, and round 0 would
+            # charge that to the setting that happens to go first.
+            warm = max((s for s in settings if s != "auto"), default="auto")
+            for name, w in works.items():
+                res = run_epoch(w["make"](warm), w["samples"], log, {server.pid})
+                print(f"warm-up  {name:12} {str(warm):>4}: {res['seconds']:5.1f} s (not recorded)", flush=True)
             for r in range(args.rounds):
                 order = settings[r % len(settings):] + settings[:r % len(settings)]  # alternate who goes first
                 for name, w in works.items():

@@ -4,8 +4,9 @@
 // the batch (any worker may take any item), so only the speed follows it.
 //
 // Each window (kWindow; the first starts at the consumer's first next()) measures
-// what next() waited, the CPU the workers and this process used, and how busy
-// the workers were (claim to publish). A process's CPU counts from its first
+// what next() waited, the CPU the workers and this process used (each process's
+// CPU clock, in ns: a window of a few ms is measured, not rounded to /proc's
+// 10-ms ticks), and how busy the workers were (claim to publish). A process's CPU counts from its first
 // claim (WorkerRecord::started_ns): its start (the fork, imports, the dataset's
 // setup) is not what it will use, and a window where the processes are still
 // starting goes on until they have run. A window is judged once early
@@ -72,7 +73,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kWindow = std::chrono::milliseconds(100);
-constexpr auto kEarlyWindow = std::chrono::milliseconds(40);  // judged here already when sure (kSureWait)
+constexpr auto kEarlyWindow = std::chrono::milliseconds(20);  // judged here already when sure (kSureWait)
+constexpr auto kLookAgain = std::chrono::milliseconds(5);  // an early look that saw too little: again after this
 constexpr double kSureWait = 0.9;    // next() waited more than this share on processes that wait on I/O
 constexpr double kLeastSeen = 0.25;  // the started processes ran less than this many windows together: go on
 constexpr auto kBudgetPeriod = std::chrono::seconds(1);
@@ -84,15 +86,6 @@ constexpr double kIdleBusy = 0.5;    // ...and the workers were busy less than t
 constexpr int kSpareAgain = 1;       // a fixed count takes a retired process back with its threads and this many more free beyond the reserve
 constexpr int kIdleWindows = 5;      // for this many windows in a row
 constexpr double kFastWait = 0.5;    // waited more than this: up to four times the processes at once
-
-uint64_t cpu_ticks(pid_t pid) {
-  try {
-    const auto st = procfs::read_stat(pid);
-    return st ? st->utime + st->stime : 0;
-  } catch (const std::exception&) {
-    return 0;  // gone meanwhile: its time is not counted
-  }
-}
 
 uint64_t idle_ticks() {
   try {
@@ -128,6 +121,15 @@ int idle_cores_now(int cpus) {
   return std::clamp(cpus - others, 1, std::max(1, cpus));
 }
 
+std::chrono::nanoseconds Loader::next_look(Clock::time_point now) const noexcept {
+  const AutoScale& a = *auto_;
+  if (a.since == Clock::time_point{} || closed() || advised_.load() != 0) return std::chrono::nanoseconds::max();
+  const auto window = now - a.since;
+  if (options_.adaptive && !a.judged_early && window < kWindow)  // its early look: due, or again soon
+    return std::max<std::chrono::nanoseconds>(kEarlyWindow - window, kLookAgain);
+  return std::max<std::chrono::nanoseconds>(kWindow - window, std::chrono::milliseconds(1));
+}
+
 std::string Loader::resize_reason() const {
   std::lock_guard lock(pids_mu_);
   return auto_ ? auto_->reason : std::string();
@@ -142,13 +144,13 @@ void Loader::autoscale() {
     a.since = now;
     a.judged_early = false;
     a.waited_ns = 0;
-    a.consumer_ticks = cpu_ticks(getpid());
+    a.consumer_cpu_ns = process_cpu_ns(getpid());
     a.idle_ticks = idle_ticks();
     a.busy_ns = 0;
-    a.worker_ticks.assign(nw, 0);
+    a.worker_cpu_ns.assign(nw, 0);
     for (uint32_t w = 0; w < nw; ++w) {
       if (live_[w] != 1) continue;
-      a.worker_ticks[w] = cpu_ticks(r.worker(w).pid.load(std::memory_order_relaxed));
+      a.worker_cpu_ns[w] = process_cpu_ns(r.worker(w).pid.load(std::memory_order_relaxed));
       a.busy_ns += r.worker(w).busy_ns.load(std::memory_order_relaxed);
     }
   };
@@ -158,7 +160,6 @@ void Loader::autoscale() {
   // Judged at its end, or once at kEarlyWindow if the processes wait on I/O while next() waits on them.
   const bool early = window < kWindow;
   if (early && (window < kEarlyWindow || a.judged_early || !options_.adaptive)) return;
-  a.judged_early = a.judged_early || early;
 
   const int running = running_.load();
   const int64_t reserve = options_.reserve_tasks;
@@ -215,7 +216,7 @@ void Loader::autoscale() {
   if (wait_began_ != Clock::time_point{})
     waited += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - std::max(wait_began_, a.since)).count());
   const double wait_share = static_cast<double>(waited) / 1e9 / seconds;
-  const double tck = static_cast<double>(procfs::clock_ticks_per_second());
+  const double tck = static_cast<double>(procfs::clock_ticks_per_second());  // the machine's idle time
   // What a started process uses: its CPU over the time it ran in the window. A process still
   // starting is left out, and one that started in the window counts from its start: the forks,
   // imports and the dataset's setup are not what it will use.
@@ -229,9 +230,9 @@ void Loader::autoscale() {
     const detail::WorkerRecord& rec = r.worker(w);
     busy_ns += rec.busy_ns.load(std::memory_order_relaxed);
     const int64_t started = rec.started_ns.load(std::memory_order_acquire);
-    const double ticks = static_cast<double>(cpu_ticks(rec.pid.load(std::memory_order_relaxed)));
-    const double before = w < a.worker_ticks.size() ? static_cast<double>(a.worker_ticks[w]) : 0.0;
-    const double in_window = std::max(0.0, ticks - before) / tck;
+    const double cpu = static_cast<double>(process_cpu_ns(rec.pid.load(std::memory_order_relaxed)));
+    const double before = w < a.worker_cpu_ns.size() ? static_cast<double>(a.worker_cpu_ns[w]) : 0.0;
+    const double in_window = std::max(0.0, cpu - before) / 1e9;
     if (started == 0) {  // still starting
       start_s += in_window;
     } else if (started <= since_ns && before != 0) {
@@ -239,19 +240,21 @@ void Loader::autoscale() {
       run_s += seconds;
     } else {
       const double since_start =
-          std::max(0.0, ticks - static_cast<double>(rec.start_cpu_ticks.load(std::memory_order_relaxed))) / tck;
+          std::max(0.0, cpu - static_cast<double>(rec.start_cpu_ns.load(std::memory_order_relaxed))) / 1e9;
       cpu_s += since_start;
       run_s += std::max(0.0, static_cast<double>(now_ns - started) / 1e9);  // from its start, as its CPU
       start_s += std::max(0.0, in_window - since_start);
     }
   }
-  // Too little seen (the processes are still starting): the window goes on.
+  // Too little seen (the processes are still starting): the window goes on (looked at early again
+  // after kLookAgain).
   if (run_s < kLeastSeen * seconds) return;
+  a.judged_early = a.judged_early || early;
   const double per_process = cpu_s / run_s;
   const double worker_cores = per_process * running;
-  const uint64_t consumer_now = cpu_ticks(getpid());
+  const uint64_t consumer_now = process_cpu_ns(getpid());
   const double consumer_cores =
-      static_cast<double>(consumer_now > a.consumer_ticks ? consumer_now - a.consumer_ticks : 0) / tck / seconds;
+      static_cast<double>(consumer_now > a.consumer_cpu_ns ? consumer_now - a.consumer_cpu_ns : 0) / 1e9 / seconds;
   // Free: what this loader's processes leave of its cpus, and no more than the machine had idle
   // (other programs use cores too) but for what the processes' starts took (they do not recur).
   double free_cores = a.cpus - worker_cores - consumer_cores;

@@ -46,8 +46,8 @@ struct AutoScale {
   std::chrono::steady_clock::time_point since{};  // the window's start
   bool judged_early = false;        // the window was looked at once before its end (kEarlyWindow)
   uint64_t waited_ns = 0;           // next() blocked during the window
-  uint64_t consumer_ticks = 0;      // this process's CPU clock ticks at `since`
-  std::vector<uint64_t> worker_ticks;  // each worker's at `since` (0: not running)
+  uint64_t consumer_cpu_ns = 0;     // this process's CPU (process_cpu_ns) at `since`
+  std::vector<uint64_t> worker_cpu_ns;  // each worker's at `since` (0: not running)
   uint64_t busy_ns = 0;             // the workers' busy time (claim to publish) at `since`
   uint64_t idle_ticks = 0;          // the machine's idle CPU ticks at `since` (0: unknown)
   int cpus = 1;                     // usable cpus (affinity, cgroup cpu.max)

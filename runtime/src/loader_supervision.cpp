@@ -343,9 +343,9 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
     if (now - last_check_ >= kSupervisePeriod) {
       last_check_ = now;
       check_workers();
-      if (auto_ && wait_began_ != std::chrono::steady_clock::time_point{}) autoscale();  // next() waits
       if (poll) poll();
     }
+    if (auto_ && wait_began_ != std::chrono::steady_clock::time_point{}) autoscale();  // next() waits
     if (advises() && advised_.load() != 0)  // nothing ready: the streams start again on the advised processes now
       throw ProcessesAdvised("spindle: next() stopped waiting: " + std::to_string(advised_.load()) +
                              " worker processes advised; start the streams again on them (advised_processes())");
@@ -370,7 +370,11 @@ std::optional<uint32_t> Loader::wait_for_delivery(const std::function<void()>& p
                       ". Raise timeout, or find out why this sample is slow. The loader is closed.",
                   true);
     }
-    detail::futex_wait(&completed, seq, kSupervisePeriod);
+    // The controller's looks are not held to the supervision's period: an early look at 20 ms
+    // waited for the next 50-ms tick would cost the I/O-bound loader it is for a tick of waiting.
+    auto sleep = std::chrono::duration_cast<std::chrono::microseconds>(kSupervisePeriod);
+    if (auto_) sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(next_look(now)));
+    detail::futex_wait(&completed, seq, sleep);
   }
 }
 

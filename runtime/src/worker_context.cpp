@@ -156,6 +156,13 @@ int64_t monotonic_ns() noexcept {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+uint64_t process_cpu_ns(pid_t pid) noexcept {
+  clockid_t clock;
+  struct timespec ts;
+  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &ts) != 0) return 0;
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 void WorkerContext::add_bytes_fetched(uint64_t bytes) noexcept {
   if (bytes == 0) return;
   std::atomic<uint64_t>& c = ring().worker(worker_id_).bytes_fetched;
@@ -166,12 +173,7 @@ std::optional<WorkItem> WorkerContext::claim() {
   IndexQueue& q = ring().queue_of(static_cast<uint32_t>(worker_id_));
   WorkerRecord& rec = ring().worker(worker_id_);
   if (rec.started_ns.load(std::memory_order_relaxed) == 0) {  // its first claim: its start is done
-    uint64_t ticks = 0;
-    try {
-      if (const auto st = procfs::read_stat(getpid())) ticks = st->utime + st->stime;
-    } catch (const std::exception&) {  // unreadable: its start counts as used (the safe side)
-    }
-    rec.start_cpu_ticks.store(ticks, std::memory_order_relaxed);
+    rec.start_cpu_ns.store(process_cpu_ns(getpid()), std::memory_order_relaxed);
     rec.started_ns.store(monotonic_ns(), std::memory_order_release);
   }
   for (;;) {

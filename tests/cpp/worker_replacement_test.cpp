@@ -203,6 +203,57 @@ TEST(AdaptiveProcesses, NoGrowthWithoutACoreFree) {
   EXPECT_TRUE(lines.empty()) << lines.front();
 }
 
+// Proves: the early look (kEarlyWindow: 20 ms from the first next(), while next() waits on every
+// batch) tells workers that burn CPU (8 ms a sample) from workers that wait on I/O: they are grown no
+// further than the 2 cores hold (at most 4 processes, with a start's rounding), never to all 8 at once.
+TEST(AdaptiveProcesses, AnEarlyLookKnowsBusyWorkersFromWaitingOnes) {
+  const auto batches = testing::consecutive_batches(240, 4);
+  std::vector<std::string> lines;
+  const LoaderOptions o = adaptive_options(2, lines);
+  Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
+                  timespec t{};
+                  auto cpu = [&t] {
+                    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+                    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
+                  };
+                  for (const auto until = cpu() + 8'000'000LL; cpu() < until;) {
+                  }
+                  fill(i, out);
+                }, kSampleBytes)));
+  const auto seen = drain(loader, batches.size());
+  std::vector<int64_t> all(240);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(seen, all);
+  for (const std::string& line : lines) {  // "spindle: 1 -> 2 worker processes ..."
+    const auto arrow = line.find(" -> ");
+    ASSERT_NE(arrow, std::string::npos) << line;
+    EXPECT_LE(std::stoi(line.substr(arrow + 4)), 4) << line;
+  }
+}
+
+// Proves: process_cpu_ns reads another process's CPU (all its threads) to the ns, and 0 once it is gone.
+TEST(ProcessCpu, ReadsAChildsCpuAndNothingOnceItIsGone) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    timespec t{};
+    for (;;) {  // 30 ms of CPU, then sleeps until killed
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+      if (t.tv_sec * 1'000'000'000LL + t.tv_nsec >= 30'000'000LL) pause();
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  uint64_t cpu = 0;
+  while ((cpu = process_cpu_ns(child)) < 30'000'000 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_GE(cpu, 30'000'000u);
+  EXPECT_LT(cpu, 5'000'000'000u);
+  EXPECT_NE(cpu % 10'000'000, 0u) << "not rounded to ticks";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(process_cpu_ns(child), 0u);
+}
+
 // Proves: adaptive streams need logical workers (without them the data depends on the processes) and
 // their count (the front end knows the logical workers its data is defined by).
 TEST(AdaptiveProcesses, RefuseStreamsWithoutLogicalWorkers) {

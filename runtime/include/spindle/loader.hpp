@@ -362,9 +362,12 @@ class Loader {
   uint32_t queue_of(int32_t stream) const noexcept;
   void post_again(uint32_t slot);
   void restart(int worker);
-  // Adaptive processes (loader_autoscale.cpp): called at each delivery and supervision tick;
-  // adds or retires processes once per window.
+  // Adaptive processes (loader_autoscale.cpp): called at each delivery and while next() waits, as
+  // often as next_look() asks; adds or retires processes once per window.
   void autoscale();
+  // How long a waiting next() may sleep before autoscale() has a window to look at (its early look,
+  // or its end).
+  std::chrono::nanoseconds next_look(std::chrono::steady_clock::time_point now) const noexcept;
   // More or fewer processes as the controller decides: changed in place, or advised (streams).
   void grow(int n, const std::string& why);
   void shrink(int n, const std::string& why);

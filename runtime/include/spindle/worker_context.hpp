@@ -131,6 +131,9 @@ using WorkerMain = std::function<int(WorkerContext&)>;
 // CLOCK_MONOTONIC in nanoseconds: the clock of WorkerRecord::busy_since_ns,
 // the same in every process of the machine.
 int64_t monotonic_ns() noexcept;
+// The CPU a process has used, all its threads (ns; its process CPU clock, through
+// clock_getcpuclockid: no /proc read, and no tick rounding). 0 where the process is gone.
+uint64_t process_cpu_ns(pid_t pid) noexcept;
 
 // A spawned worker's view of the loader: maps the segment from descriptor
 // `segment_fd`, records its pid, and makes the context. The mapping lives as

@@ -135,13 +135,13 @@ struct alignas(kCacheLine) WorkerRecord {
   // never with an item in hand. Cleared by the consumer before it starts another process as w.
   std::atomic<int32_t> retire{0};
   // When its process first asked for an item (CLOCK_MONOTONIC ns; 0: still starting), and the CPU
-  // its process had used by then, in clock ticks as /proc counts them (utime + stime: the adaptive
-  // controller's clock, so that the difference has no bias): its start (the fork, imports, the
-  // dataset's setup), which the controller leaves out of what a process uses. Written once by the
-  // worker (started_ns last, release); cleared by the consumer before it starts another process as
-  // this worker.
+  // its process had used by then (its process CPU clock, ns: the clock the adaptive controller reads
+  // through clock_getcpuclockid, so that the difference has no bias): its start (the fork, imports,
+  // the dataset's setup), which the controller leaves out of what a process uses. Written once by
+  // the worker (started_ns last, release); cleared by the consumer before it starts another process
+  // as this worker.
   std::atomic<int64_t> started_ns{0};
-  std::atomic<uint64_t> start_cpu_ticks{0};
+  std::atomic<uint64_t> start_cpu_ns{0};
 };
 static_assert(sizeof(WorkerRecord) % kCacheLine == 0, "worker records on their own cache lines");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "worker counters are shared across processes");
