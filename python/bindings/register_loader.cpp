@@ -177,7 +177,8 @@ void register_loader(py::module_& m) {
                      "Streams with logical workers: the change is advised (Loader.advised_processes).")
       .def_readwrite("processes", &LoaderOptions::processes,
                      "With logical_workers: the most processes to run the num_workers logical workers on "
-                     "(0: num_workers).")
+                     "(0: num_workers). Adaptive where any worker takes any batch: the processes to start "
+                     "with (0: the cores idle now).")
       .def_readwrite("reserve_tasks", &LoaderOptions::reserve_tasks,
                      "Tasks of the user's budget kept free for the consumer's own threads: held back from the "
                      "start's grant, and kept free while batches flow (processes retire).")

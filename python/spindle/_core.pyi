@@ -459,7 +459,7 @@ class LoaderOptions:
     @property
     def processes(self) -> int:
         """
-        With logical_workers: the most processes to run the num_workers logical workers on (0: num_workers).
+        With logical_workers: the most processes to run the num_workers logical workers on (0: num_workers). Adaptive where any worker takes any batch: the processes to start with (0: the cores idle now).
         """
     @processes.setter
     def processes(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:

@@ -104,7 +104,8 @@ class DataLoader(HasStats):
         shuffle: draw a new permutation every epoch.
         num_workers: worker processes; 0 loads in the calling process.
             ``"auto"``: spindle chooses, while batches flow: as many
-            processes as cores are idle start, more are added while your loop waits for data and a core
+            processes as cores are idle start (from the second epoch, as many as the last epoch ended
+            on), more are added while your loop waits for data and a core
             is free, and one retires when the workers idle because your loop
             sets the pace, or when the user's task budget runs short. The
             batches are the same whatever the count (with ``seed``, also
@@ -283,7 +284,9 @@ class DataLoader(HasStats):
 
     def _start_workers(self, order: np.ndarray, seed: int) -> _core.Loader:
         auto = self.num_workers == "auto"
-        spec = StartSpec(num_workers=0 if auto else self.num_workers, adaptive=auto, batch_capacity=self.batch_size,
+        # "auto": the next epoch starts on the processes the last one ended on (0: the cores idle now).
+        spec = StartSpec(num_workers=0 if auto else self.num_workers, adaptive=auto,
+                         processes=self._stats_book().processes_at_end if auto else 0, batch_capacity=self.batch_size,
                          max_batch_bytes=self.max_batch_bytes, prefetch_factor=self.prefetch_factor,
                          in_order=self.in_order, timeout=self.timeout, max_threads=self.max_threads,
                          budget_policy=self.budget_policy,

@@ -305,7 +305,8 @@ class PipelineLoader(HasStats):
     Args:
         pipeline: what to read and do.
         num_workers: worker processes (``mode="processes"``) or arena threads (``"threads"``).
-            ``"auto"`` (``mode="processes"``): a process per idle core starts, more
+            ``"auto"`` (``mode="processes"``): a process per idle core starts (from the second
+            epoch, as many as the last epoch ended on), more
             are added while your loop waits for batches and a core is free, and one retires when
             the workers idle; the batches do not depend on it (``spindle.DataLoader``'s
             ``num_workers="auto"``). A WebDataset stream's batches are those of
@@ -450,8 +451,9 @@ class PipelineLoader(HasStats):
         auto = self.num_workers == "auto"
         stream = self._native.streaming
         processes = self.mode == "processes" and not stream  # a lost one is replaced
+        # "auto": the epoch starts on the processes the last one ended on (0: the cores idle now).
         spec = StartSpec(num_workers=self._streams_count if stream else 0 if auto else self.num_workers,
-                         adaptive=auto,
+                         adaptive=auto, processes=self._stats_book().processes_at_end if auto else 0,
                          round_robin=stream, logical_workers=stream,
                          batch_capacity=self.pipeline.batch_size,
                          prefetch_factor=self.prefetch_factor, timeout=self.timeout, max_threads=self.max_threads,

@@ -144,9 +144,12 @@ void Loader::prepare(bool threads) {
   const bool logical = options.logical_workers && (options.round_robin || options.assign_in_turn);
   // Logical workers on the processes a front end chose (LoaderOptions::processes), or on all of them;
   // adaptive streams with none chosen on the cores idle now (their processes are all started).
+  // Adaptive, any worker taking any batch: the processes the front end chose (its last epoch's), or
+  // the cores idle now.
   const bool chosen = logical && options.processes > 0;
-  const int first =
-      options.adaptive && !chosen ? std::min(options_.num_workers, idle_cores_now(ThreadBudget(sources).cpus())) : 0;
+  const int first = !options.adaptive || chosen ? 0
+                    : options.processes > 0     ? std::min(options_.num_workers, options.processes)
+                                                : std::min(options_.num_workers, idle_cores_now(ThreadBudget(sources).cpus()));
   int processes = options_.num_workers;
   if (chosen) processes = std::min(options.processes, options_.num_workers);
   else if (advises()) processes = first;

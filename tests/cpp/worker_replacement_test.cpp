@@ -309,6 +309,29 @@ TEST(AdaptiveProcesses, StartWithTheIdleCores) {
   EXPECT_EQ(streams.num_logical_workers(), 8);
 }
 
+// Proves: an adaptive loader given `processes` (a front end's last epoch ended there) starts on that
+// many, not on the cores idle now, at most num_workers; and still follows the load from there (here
+// the consumer sets the pace: it retires processes).
+TEST(AdaptiveProcesses, StartWhereTheLastEpochEnded) {
+  std::vector<std::string> lines;
+  LoaderOptions o = adaptive_options(2, lines);
+  o.processes = 6;
+  const auto batches = testing::consecutive_batches(4000, 4);
+  Loader loader(o, batches, Launcher::fork(sample_worker(fill, kSampleBytes)));
+  EXPECT_EQ(loader.processes(), 6);
+  EXPECT_EQ(loader.worker_pids().size(), 6u);
+  std::size_t seen = 0;
+  while (auto b = loader.next()) {
+    ++seen;
+    std::this_thread::sleep_for(1ms);  // the consumer sets the pace
+  }
+  EXPECT_EQ(seen, batches.size());
+  EXPECT_LT(loader.processes(), 6) << (lines.empty() ? "no change" : lines.back());
+  o.processes = 20;
+  Loader capped(o, testing::consecutive_batches(8, 4), Launcher::fork(sample_worker(fill, kSampleBytes)));
+  EXPECT_EQ(capped.processes(), 8);
+}
+
 // Proves: adaptive streams with logical workers start on the processes given (LoaderOptions::processes);
 // while next() waits on slow elements the controller advises more (one on_resized line, "from their
 // states") and changes nothing itself: one process goes on giving the elements of 8 logical workers in

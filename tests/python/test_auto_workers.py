@@ -37,6 +37,24 @@ def test_auto_grows_while_the_loop_waits_on_io_and_gives_a_fixed_runs_batches(ca
     assert stats["resize_reason"] == grew[-1]
 
 
+def test_auto_starts_each_epoch_on_the_processes_the_last_one_ended_on(caplog):
+    """Proves: a loader's next epoch starts on the processes its last one ended on (what the controller
+    found for this data), not on the idle cores again: no change is needed to reach them, and the
+    batches are a fixed run's."""
+    dataset = Waits(600, 0.01)
+    loader = spindle.DataLoader(dataset, batch_size=8, num_workers="auto", shuffle=True, seed=4)
+    fixed = spindle.DataLoader(dataset, batch_size=8, num_workers=2, shuffle=True, seed=4)
+    assert [b[:, 0].tolist() for b in loader] == [b[:, 0].tolist() for b in fixed]
+    ended = loader.stats()["processes"]
+    assert ended > len(os.sched_getaffinity(0)), loader.stats()
+    with caplog.at_level(logging.INFO, logger="spindle"):
+        it = iter(loader)
+        assert len(it.worker_pids) == ended
+        assert [b[:, 0].tolist() for b in it] == [b[:, 0].tolist() for b in fixed]  # epoch 1 of both
+    grew = [r.getMessage() for r in caplog.records if f" -> {ended} worker processes" in r.getMessage()]
+    assert not grew, grew
+
+
 def test_auto_fills_the_slots_it_did_not_reserve_up_front_with_whole_batches():
     """Proves: an auto loader reserves only its first process's slots up front; once it has grown,
     batches of 256 KiB (past the 64 KiB its other slots start with) arrive whole in those slots,
@@ -131,6 +149,13 @@ def test_auto_webdataset_over_slow_http_restarts_its_streams_where_they_were(tmp
         assert len(got) == len(fixed) > 20 and got == fixed
         restarts = [r.getMessage() for r in caplog.records if "the streams start again" in r.getMessage()]
         assert restarts and f"-> {logical} worker processes" in restarts[0], restarts
+        assert auto.stats()["processes"] == logical, auto.stats()
+        # Its next epoch starts on them: no restart.
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="spindle"):
+            again = run(auto)
+        assert len(again) == len(fixed)
+        assert not [r.getMessage() for r in caplog.records if "the streams start again" in r.getMessage()]
         assert auto.stats()["processes"] == logical, auto.stats()
 
         # Stopped after the restart, saved, resumed by a new loader: the same rest.

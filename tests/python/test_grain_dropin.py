@@ -488,6 +488,30 @@ def test_auto_workers_grow_from_one_process_with_a_fixed_runs_elements(caplog):
     equal(list(loader(sgrain.DataLoader, "auto")), list(loader(sgrain.DataLoader, n)))
 
 
+@dataset_stage
+def test_auto_workers_start_a_data_loaders_next_epoch_on_the_processes_its_last_ended_on(caplog):
+    """Proves: a DataLoader's worker_count="auto" starts its next iteration on the processes the last
+    one ended on (no growth needed again), with grain's elements both times."""
+    import logging
+    n = sgrain.auto_workers()
+    source = [np.full((4,), i, np.int32) for i in range(400)]
+
+    def make(workers):
+        sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=grain.sharding.NoSharding(),
+                                              shuffle=False, num_epochs=1, seed=3)
+        return sgrain.DataLoader(data_source=source, sampler=sampler, operations=[Slow()], worker_count=workers)
+
+    expected = list(make(n))
+    dl = make("auto")
+    equal(list(dl), expected)
+    ended = dl.stats()["processes"]
+    assert ended > len(os.sched_getaffinity(0)), dl.stats()
+    with caplog.at_level(logging.INFO, logger="spindle"):
+        equal(list(dl), expected)
+    assert not [r.getMessage() for r in caplog.records if "worker processes" in r.getMessage()]
+    assert dl.stats()["processes"] == ended
+
+
 class Slower(grain.transforms.Map):
     """Each element waits 0.8 s (a batch of remote records): the first element comes long after the
     controller's first window."""

@@ -65,6 +65,8 @@ class StartSpec:
       ``num_workers`` asked as logical workers on fewer processes (logical l on process l mod P):
       the data (streams, batch turns, seeds, worker info) is that of ``num_workers`` workers.
       ``processes`` (0: all) runs them on at most that many by choice (adaptive streams' advice).
+      With ``adaptive`` where any worker takes any batch, ``processes`` (0: the cores idle now) is
+      the count to start on: the front end's last epoch's (``StatsBook.processes_at_end``).
     - ``budget_policy``: "shrink", "wait" or "fail"; None reads ``$SPINDLE_BUDGET_POLICY``
       (default "shrink") when the loader starts.
     - ``start_method``: "fork" (the default) or, for workers that must be new interpreters

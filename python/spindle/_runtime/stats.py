@@ -24,6 +24,7 @@ class StatsBook:
         self._lock = threading.Lock()
         self._past = _core.LoaderStats()
         self._current: Optional[_core.Loader] = None
+        self._processes_at_end = 0  # the processes the last runtime that ended ran (reset_stats keeps it)
 
     def track(self, runtime: _core.Loader) -> None:
         """``runtime`` is the one running now (a new epoch's, or the same persistent one)."""
@@ -41,10 +42,19 @@ class StatsBook:
                 self._fold(runtime)
                 self._current = None
 
+    @property
+    def processes_at_end(self) -> int:
+        """The processes the runtime running now runs, else those the last one ended on (0: none
+        yet). ``num_workers="auto"`` starts the next epoch there: what the controller found for
+        this loader's data stands until the load changes, and each epoch need not find it again."""
+        with self._lock:
+            return self._current.processes if self._current is not None else self._processes_at_end
+
     def _fold(self, runtime: _core.Loader) -> None:
         """Adds an ended runtime's counts to the past; its processes and last change are the latest
         (``LoaderStats.merge`` keeps the receiver's: the newer one receives)."""
         newer = runtime.stats()
+        self._processes_at_end = runtime.processes
         newer.merge(self._past)
         self._past = newer
 

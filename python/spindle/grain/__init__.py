@@ -263,6 +263,9 @@ class _PrefetchIterator(grain.DatasetIterator):
                        drop_last=False, restart=_WorkerSlice.restart)
         # grain's slices and checkpoint state are per worker of the count the user chose: under a
         # short budget those stay the data's (logical) workers, run by fewer processes.
+        if self._auto and not self._processes and self._loader_stats is not None:
+            # spindle.grain.DataLoader's next epoch: on the processes its last one ended on.
+            self._processes = self._loader_stats.processes_at_end
         spec = StartSpec(round_robin=True, logical_workers=True, first_worker=self._next_in_cycle, num_workers=n,
                          batch_capacity=1, prefetch_factor=self._buffer_size, in_order=True,
                          adaptive=self._auto, processes=self._processes)

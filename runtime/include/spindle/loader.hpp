@@ -94,7 +94,9 @@ struct LoaderOptions {
   // With logical_workers: the most processes to run the num_workers logical
   // workers on (0: num_workers). A front end that restarts its streams on
   // another count (LoaderOptions::adaptive's advice) sets it; the budget may
-  // start fewer still.
+  // start fewer still. Adaptive where any worker takes any batch: the
+  // processes to start with (0: the cores idle now); a front end sets it to
+  // what its last epoch ended on, so each epoch does not find it again.
   int processes = 0;
   int first_worker = 0;  // round-robin: the worker asked for batch 0 (resuming a checkpoint)
   std::chrono::milliseconds timeout{0};  // max wait for one batch; 0 = forever
@@ -137,7 +139,7 @@ struct LoaderOptions {
   // Adaptive processes (Python's num_workers="auto"): num_workers is the most
   // processes (0: the core's choice, kAutoPerCpu per usable cpu, at most
   // kAutoMax, then what the budget grants). It starts as many processes as
-  // cores are idle (idle_cores_now, at least one); the loader
+  // cores are idle (idle_cores_now, at least one), or `processes`; the loader
   // adds processes while next() waits for data and a core is free, and
   // retires one (at its next claim, never mid-batch) when the workers idle
   // because the consumer sets the pace, or when the user's task budget runs
