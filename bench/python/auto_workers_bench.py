@@ -6,7 +6,10 @@
 One run, one process, side by side: for each workload, ``num_workers="auto"``
 against fixed ``num_workers`` in {1, 2, 4, 8, 16}. Every epoch is a fresh
 runtime (no persistent workers), so auto starts from one process each time and
-its ramp-up is inside the clock, as a fixed setting's forks are. Rounds
+its ramp-up is inside the clock, as a fixed setting's forks are. After each
+auto epoch, its loader runs a second epoch ("next epoch"): a loader starts its
+next epoch on the processes its last one ended on, so this is what the epochs
+of a training run after the first cost. Rounds
 alternate the loaders (the order of the settings rotates each round); medians
 over the rounds are reported. Before the rounds, one unrecorded epoch of each
 workload at the largest fixed count warms what every setting shares (the page
@@ -429,6 +432,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     best10 = max(fixed, key=lambda s: fixed[s]["first10_samples_per_s"])
     auto = med["auto"]
     settled = [r["processes_at_end"] for r in runs["auto"]]
+    nexts = [r["next_epoch"] for r in runs["auto"] if "next_epoch" in r]
     return {"median": med, "best_fixed": best, "best_fixed_first10": best10,
             "auto_over_best": auto["samples_per_s"] / fixed[best]["samples_per_s"],
             "auto_over_best_first10": auto["first10_samples_per_s"] / fixed[best10]["first10_samples_per_s"],
@@ -437,7 +441,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "auto_threads": auto["peak_threads"], "best_threads": fixed[best]["peak_threads"],
             "auto_threads_le_best": auto["peak_threads"] <= fixed[best]["peak_threads"],
             "auto_processes_at_end": settled,
-            "auto_max_processes_run": [r.get("max_processes_run", 1) for r in runs["auto"]]}
+            "auto_max_processes_run": [r.get("max_processes_run", 1) for r in runs["auto"]],
+            **({"auto_next_epoch_over_best": statistics.median(n["samples_per_s"] for n in nexts)
+                / fixed[best]["samples_per_s"],
+                "auto_next_epoch_changes": [n.get("changes", []) for n in nexts]} if nexts else {})}
 
 
 # --- two loaders, one node -------------------------------------------------------------------
@@ -528,7 +535,8 @@ def markdown(d: dict[str, Any]) -> str:
     """The tables of the page's section, from a results file (``--table``)."""
     fixed = [s for s in d["settings"] if s != "auto"]
     head = (["workload", "auto"] + [f"{s}" for s in fixed]
-            + ["auto / best", "first 10%: auto / best", "after it: auto / best", "last change at",
+            + ["auto / best", "first 10%: auto / best", "after it: auto / best", "next epoch: auto / best",
+               "last change at",
                "threads: auto / best", "auto's processes at the end"])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for name, s in d["summary"].items():
@@ -539,6 +547,7 @@ def markdown(d: dict[str, Any]) -> str:
         cells += [f"{s['auto_over_best']:.3f}x",  # three digits: 0.948 is not 0.95
                   f"{s['auto_over_best_first10']:.3f}x (best: {s['best_fixed_first10']})",
                   f"{s['auto_over_best_rest90']:.3f}x" if "auto_over_best_rest90" in s else "—",
+                  f"{s['auto_next_epoch_over_best']:.3f}x" if "auto_next_epoch_over_best" in s else "—",
                   f"{100 * s['auto_settled_share']:.0f}% of the epoch" if "auto_settled_share" in s else "—",
                   f"{s['auto_threads']:.0f} / {s['best_threads']:.0f}",
                   ", ".join(map(str, s["auto_processes_at_end"]))]
@@ -645,10 +654,15 @@ def main() -> int:
                 order = settings[r % len(settings):] + settings[:r % len(settings)]  # alternate who goes first
                 for name, w in works.items():
                     for s in order:
-                        res = run_epoch(w["make"](s), w["samples"], log, {server.pid})
+                        loader = w["make"](s)
+                        res = run_epoch(loader, w["samples"], log, {server.pid})
+                        if s == "auto":  # its next epoch, on the same loader: where the first one ended
+                            res["next_epoch"] = run_epoch(loader, w["samples"], log, {server.pid})
+                        del loader
                         runs[name][str(s)].append(res)
                         extra = (f", processes {res['processes_at_end']} at the end (at most "
-                                 f"{res.get('max_processes_run', 1)})" if s == "auto" else "")
+                                 f"{res.get('max_processes_run', 1)}); next epoch "
+                                 f"{res['next_epoch']['samples_per_s']:9,.0f} samples/s" if s == "auto" else "")
                         print(f"round {r} {name:12} {str(s):>4}: {res['samples_per_s']:9,.0f} samples/s "
                               f"(first 10%: {res['first10_samples_per_s']:9,.0f}), {res['seconds']:5.1f} s, "
                               f"{res['peak_threads']:3} threads{extra}", flush=True)
@@ -662,7 +676,8 @@ def main() -> int:
         print(f"{n:12}: auto {s['median']['auto']['samples_per_s']:,.0f}/s vs best fixed ({s['best_fixed']}) "
               f"{s['median'][s['best_fixed']]['samples_per_s']:,.0f}/s = {s['auto_over_best']:.2f}x; first 10%: "
               f"{s['auto_over_best_first10']:.2f}x of {s['best_fixed_first10']}, after it "
-              f"{s['auto_over_best_rest90']:.2f}x; last change at {100 * s['auto_settled_share']:.0f}% of the epoch; threads auto "
+              f"{s['auto_over_best_rest90']:.2f}x; next epoch {s.get('auto_next_epoch_over_best', 0):.2f}x; "
+              f"last change at {100 * s['auto_settled_share']:.0f}% of the epoch; threads auto "
               f"{s['auto_threads']:.0f} vs {s['best_threads']:.0f}; settled on {s['auto_processes_at_end']}",
               flush=True)
 
