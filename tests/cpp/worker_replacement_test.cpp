@@ -106,6 +106,12 @@ TEST(WorkerReplacement, APoisonSampleIsNamedAtItsSecondLoss) {
   EXPECT_TRUE(loader.closed());
 }
 
+// Spins until this process has used `ns` more CPU.
+void burn_cpu(uint64_t ns) {
+  for (const uint64_t until = process_cpu_ns(getpid()) + ns; process_cpu_ns(getpid()) < until;) {
+  }
+}
+
 // Adaptive processes, at most 8, batches of 4 samples, a budget of `cpus`; each change's line into `lines`.
 LoaderOptions adaptive_options(int cpus, std::vector<std::string>& lines) {
   LoaderOptions o = testing::fixed_sample_options(8, 4, kSampleBytes);
@@ -150,13 +156,7 @@ TEST(AdaptiveProcesses, CountAProcessFromItsFirstClaimNotItsStart) {
     fill(i, out);
   }, kSampleBytes);
   Loader loader(o, batches, Launcher::fork([body](WorkerContext& ctx) {
-                  timespec t{};
-                  auto cpu = [&t] {
-                    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-                    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
-                  };
-                  for (const auto until = cpu() + 150'000'000LL; cpu() < until;) {
-                  }
+                  burn_cpu(150'000'000);
                   return body(ctx);
                 }));
   const auto seen = drain(loader, batches.size());
@@ -211,13 +211,7 @@ TEST(AdaptiveProcesses, AnEarlyLookKnowsBusyWorkersFromWaitingOnes) {
   std::vector<std::string> lines;
   const LoaderOptions o = adaptive_options(2, lines);
   Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
-                  timespec t{};
-                  auto cpu = [&t] {
-                    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-                    return t.tv_sec * 1'000'000'000LL + t.tv_nsec;
-                  };
-                  for (const auto until = cpu() + 8'000'000LL; cpu() < until;) {
-                  }
+                  burn_cpu(8'000'000);
                   fill(i, out);
                 }, kSampleBytes)));
   const auto seen = drain(loader, batches.size());
