@@ -12,8 +12,9 @@
 // starting goes on until they have run. A window is judged once early
 // (kEarlyWindow) when next() waited nearly all of it on processes that wait on
 // I/O: each window costs the I/O's latency at too few processes.
-//   - next() waited more than kGrowWait of the window and a core is free (of
-//     this loader's cpus, and idle on the machine: other programs count):
+//   - next() waited more than kGrowWait of the window, a core is free (of
+//     this loader's cpus, and idle on the machine: other programs count) and
+//     the epoch has batches left to post, one a process at least (not its tail):
 //     more processes, as many as the free cores hold at the workers' CPU per
 //     process, at most doubling (four times while next() waits most of the
 //     window; all that fit at once when it waits most of the window on workers
@@ -268,8 +269,14 @@ void Loader::autoscale() {
   const int most = !advises() ? options_.num_workers : a.granted_less ? running : static_cast<int>(logical_);
   // A core free: workers that use little CPU wait (on I/O), they are not starved of it.
   const bool core_free = free_cores >= kFreeCore;
-  if (early && !(wait_share > kSureWait && per_process < kIoBound && core_free && running < most)) return;  // to its end
-  if (wait_share > kGrowWait && running < most && core_free) {
+  // Work for another process: planned batches not yet posted, at least one a running process (the
+  // epoch's tail is in flight on the processes there are: one added now would find nothing, and the
+  // next epoch would start on it). Streams and an open feed have more to come.
+  const bool work_left = options_.round_robin || (options_.fed && !feed_ended_) ||
+                         batches_.size() - std::min(next_post_, batches_.size()) >= static_cast<std::size_t>(running);
+  const bool grows = running < most && core_free && work_left;
+  if (early && !(wait_share > kSureWait && per_process < kIoBound && grows)) return;  // to its end
+  if (wait_share > kGrowWait && grows) {
     a.idle_windows = 0;
     // All that fit at once where every change restarts the streams (advice), or where next() waited
     // most of the window on processes that use little CPU (they wait on I/O: the fit is sound, and

@@ -225,6 +225,26 @@ TEST(AdaptiveProcesses, AnEarlyLookKnowsBusyWorkersFromWaitingOnes) {
   }
 }
 
+// Proves: no process is added for the epoch's tail: with every batch already posted to the processes
+// running (2 of 4 batches each), next() waits on slow samples with a core free, yet none is added
+// (it would find nothing to do, and the next epoch would start on it).
+TEST(AdaptiveProcesses, NoGrowthForTheEpochsTail) {
+  std::vector<std::string> lines;
+  LoaderOptions o = adaptive_options(2, lines);
+  o.processes = 2;
+  o.prefetch_factor = 2;
+  const auto batches = testing::consecutive_batches(16, 4);
+  Loader loader(o, batches, Launcher::fork(sample_worker([](int64_t i, std::span<std::byte> out) {
+                  std::this_thread::sleep_for(30ms);
+                  fill(i, out);
+                }, kSampleBytes)));
+  ASSERT_EQ(loader.processes(), 2);
+  const auto seen = drain(loader, batches.size());
+  EXPECT_EQ(seen.size(), 16u);
+  EXPECT_TRUE(lines.empty()) << lines.front();
+  EXPECT_EQ(loader.processes(), 2);
+}
+
 // Proves: process_cpu_ns reads another process's CPU (all its threads) to the ns, and 0 once it is gone.
 TEST(ProcessCpu, ReadsAChildsCpuAndNothingOnceItIsGone) {
   const pid_t child = fork();
